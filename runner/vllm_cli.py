@@ -1,0 +1,247 @@
+"""`vllm serve` command lines: parsed against the flag table, rebuilt as argv lists.
+
+One parser serves the runner (launch commands from the bot) and vllm-sim (its own command line),
+so both accept and refuse exactly the same flags, the way vLLM's argparse parser does: underscores
+for dashes, `--no-X`, `--enable-X`/`--disable-X` inverses, unique prefixes, `--flag=value`, JSON
+values with dotted sub-keys (`-cc.mode=none`) and `-O3`.
+"""
+
+from __future__ import annotations
+
+import shlex
+import tomllib
+from dataclasses import dataclass, replace
+from functools import cache
+from importlib import resources
+from typing import Literal
+
+FlagKind = Literal["bool", "value", "json"]
+STEPS = (
+    "essential",
+    "prefix_caching",
+    "long_input",
+    "max_model_len",
+    "concurrency",
+    "inter_node",
+    "tools_structured_output",
+    "target_only",
+)
+
+
+class LaunchCommandError(ValueError):
+    """A command line vLLM's parser would refuse; the message is one line."""
+
+    def __init__(self, message: str, *, unrecognized: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.unrecognized = unrecognized
+
+
+@dataclass(frozen=True)
+class FlagSpec:
+    name: str
+    kind: FlagKind
+    step: str
+    aliases: tuple[str, ...] = ()
+    choices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FlagTable:
+    flags: dict[str, FlagSpec]
+    # every accepted spelling (canonical, alias, negation) -> (spec, value for bools)
+    spellings: dict[str, tuple[FlagSpec, bool]]
+
+    def resolve(self, option: str) -> tuple[FlagSpec, bool]:
+        """Spec of an option spelling, allowing unique prefixes of long options like argparse."""
+        if option.startswith("--"):
+            option = "--" + option[2:].replace("_", "-")
+        if option in self.spellings:
+            return self.spellings[option]
+        if option.startswith("--"):
+            matches = sorted({s for s in self.spellings if s.startswith(option) and s.startswith("--")})
+            if len(matches) == 1:
+                return self.spellings[matches[0]]
+            if len(matches) > 1:
+                raise LaunchCommandError(
+                    f"ambiguous option: {option} could match {', '.join(matches)}",
+                )
+        raise KeyError(option)
+
+
+@cache
+def flag_table() -> FlagTable:
+    """The table shipped in runner/data/vllm_flags.toml."""
+    text = resources.files("runner.data").joinpath("vllm_flags.toml").read_text(encoding="utf-8")
+    flags: dict[str, FlagSpec] = {}
+    for row in tomllib.loads(text)["flag"]:
+        if row["step"] not in STEPS:
+            raise ValueError(f"vllm_flags.toml: {row['name']} has unknown step {row['step']!r}")
+        spec = FlagSpec(
+            name=row["name"],
+            kind=row["kind"],
+            step=row["step"],
+            aliases=tuple(row.get("aliases", ())),
+            choices=tuple(row.get("choices", ())),
+        )
+        flags[spec.name] = spec
+    spellings: dict[str, tuple[FlagSpec, bool]] = {}
+    for spec in flags.values():
+        for spelling in (spec.name, *spec.aliases):
+            spellings[spelling] = (spec, True)
+        if spec.kind == "bool":
+            bare = spec.name.removeprefix("--")
+            spellings[f"--no-{bare}"] = (spec, False)
+            for this, other in (("enable-", "disable-"), ("disable-", "enable-")):
+                if bare.startswith(this) and f"--{other}{bare.removeprefix(this)}" not in flags:
+                    spellings[f"--{other}{bare.removeprefix(this)}"] = (spec, False)
+    return FlagTable(flags=flags, spellings=spellings)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One occurrence of a flag on the command line, with the tokens it was written as."""
+
+    spec: FlagSpec
+    tokens: tuple[str, ...]
+    value: str | bool
+    subkey: str = ""  # for dotted JSON sub-keys, e.g. "mode" in `-cc.mode=none`
+
+
+@dataclass(frozen=True)
+class ServeCommand:
+    program: tuple[str, ...]
+    model: str
+    model_tokens: tuple[str, ...]
+    options: tuple[Option, ...]
+
+    def value(self, name: str) -> str | bool | None:
+        """The effective value of a flag (last occurrence wins), None when not given."""
+        found: str | bool | None = None
+        for option in self.options:
+            if option.spec.name == name and not option.subkey:
+                found = option.value
+        return found
+
+    def has(self, name: str) -> bool:
+        return any(option.spec.name == name for option in self.options)
+
+    @property
+    def served_model_name(self) -> str:
+        name = self.value("--served-model-name")
+        return name if isinstance(name, str) else self.model
+
+    def argv(self) -> list[str]:
+        tokens = [*self.program, *self.model_tokens]
+        for option in self.options:
+            tokens.extend(option.tokens)
+        return tokens
+
+    def shell_line(self) -> str:
+        """The command as one line that can be pasted into a shell."""
+        return shlex.join(self.argv())
+
+    def keep_steps(self, steps: set[str]) -> ServeCommand:
+        """The command with only the flags of the given steps."""
+        return replace(self, options=tuple(o for o in self.options if o.spec.step in steps))
+
+    def with_flag(self, name: str, value: str | bool = True) -> ServeCommand:
+        """The command with `name` set to `value`, replacing earlier occurrences."""
+        spec = flag_table().flags[name]
+        if spec.kind == "bool":
+            tokens: tuple[str, ...] = (name,) if value is True else (f"--no-{name.removeprefix('--')}",)
+        else:
+            tokens = (name, str(value))
+        kept = tuple(o for o in self.options if o.spec.name != name)
+        return replace(self, options=(*kept, Option(spec, tokens, value)))
+
+
+SERVE_PROGRAMS = (("vllm", "serve"), ("python", "-m", "vllm.entrypoints.openai.api_server"))
+
+
+def split_program(argv: list[str]) -> tuple[tuple[str, ...], list[str]]:
+    """Separates `vllm serve` (or an accepted equivalent) from the rest of the argv."""
+    for program in SERVE_PROGRAMS:
+        head = argv[: len(program)]
+        if len(head) == len(program) and all(
+            got.rsplit("/", 1)[-1].startswith(want) if i == 0 else got == want
+            for i, (got, want) in enumerate(zip(head, program, strict=True))
+        ):
+            return tuple(head), argv[len(program) :]
+    raise LaunchCommandError(
+        f"the launch command must start with `vllm serve`, got: {shlex.join(argv[:3]) or '(empty)'}"
+    )
+
+
+def parse_serve_args(args: list[str], program: tuple[str, ...] = ("vllm", "serve")) -> ServeCommand:
+    """Parses the arguments after `vllm serve`; LaunchCommandError names every unknown flag."""
+    table = flag_table()
+    options: list[Option] = []
+    positionals: list[str] = []
+    unknown: list[str] = []
+    i = 0
+    while i < len(args):
+        token = args[i]
+        i += 1
+        if not token.startswith("-") or token == "-" or _is_number(token):
+            positionals.append(token)
+            continue
+        name, eq, attached = token.partition("=")
+        if name.startswith("-O") and name[2:].isdigit():
+            name, eq, attached = "-O", "=", name[2:]
+        base, dot, subkey = name.partition(".")
+        try:
+            spec, flag_value = table.resolve(base)
+        except KeyError:
+            unknown.append(token)
+            continue
+        if spec.kind == "bool":
+            if eq or dot:
+                raise LaunchCommandError(f"argument {spec.name}: ignored explicit argument {attached!r}")
+            options.append(Option(spec, (token,), flag_value))
+            continue
+        if dot and spec.kind != "json":
+            unknown.append(token)
+            continue
+        if eq:
+            value, tokens = attached, (token,)
+        elif i < len(args):
+            value, tokens = args[i], (token, args[i])
+            i += 1
+        else:
+            raise LaunchCommandError(f"argument {spec.name}: expected one argument")
+        if spec.choices and value not in spec.choices:
+            choices = ", ".join(repr(c) for c in spec.choices)
+            raise LaunchCommandError(f"argument {spec.name}: invalid choice: {value!r} (choose from {choices})")
+        options.append(Option(spec, tokens, value, subkey))
+    if unknown:
+        raise LaunchCommandError(
+            f"unrecognized arguments: {' '.join(unknown)}", unrecognized=tuple(unknown)
+        )
+    return _with_model(program, positionals, options)
+
+
+def _with_model(program: tuple[str, ...], positionals: list[str], options: list[Option]) -> ServeCommand:
+    model_options = [o for o in options if o.spec.name == "--model"]
+    if len(positionals) > 1 or (positionals and model_options):
+        raise LaunchCommandError(f"unrecognized arguments: {' '.join(positionals[1:] or positionals)}")
+    if positionals:
+        return ServeCommand(program, positionals[0], (positionals[0],), tuple(options))
+    if model_options:
+        model = model_options[-1]
+        rest = tuple(o for o in options if o.spec.name != "--model")
+        return ServeCommand(program, str(model.value), model.tokens, rest)
+    raise LaunchCommandError("no model given: `vllm serve MODEL [flags]`")
+
+
+def parse_launch_command(argv: list[str]) -> ServeCommand:
+    """Parses a full launch command (`vllm serve MODEL ...`) given as an argv list."""
+    program, rest = split_program(argv)
+    return parse_serve_args(rest, program)
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
