@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
@@ -10,12 +11,15 @@ from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO = "protos/runner.proto"
-OUTPUTS = ("runner_pb2.py", "runner_pb2.pyi", "runner_pb2_grpc.py")
+OUTPUTS = ("runner_pb2.py", "runner_pb2.pyi", "runner_pb2_grpc.py", "runner_pb2_grpc.pyi")
 
 
 def generate(out_dir: Path) -> None:
     """Writes the generated modules as `out_dir/protos/<name>`."""
     include = Path(protoc.__file__).parent / "_proto"
+    plugin = shutil.which("protoc-gen-mypy_grpc", path=str(Path(sys.executable).parent))
+    if plugin is None:
+        raise SystemExit("protoc-gen-mypy_grpc not found: install the dev extra (mypy-protobuf)")
     (out_dir / "protos").mkdir(parents=True, exist_ok=True)
     code = protoc.main(
         [
@@ -25,6 +29,8 @@ def generate(out_dir: Path) -> None:
             f"--python_out={out_dir}",
             f"--pyi_out={out_dir}",
             f"--grpc_python_out={out_dir}",
+            f"--plugin=protoc-gen-mypy_grpc={plugin}",
+            f"--mypy_grpc_out={out_dir}",
             str(ROOT / PROTO),
         ]
     )

@@ -182,7 +182,7 @@ def parse_serve_args(args: list[str], program: tuple[str, ...] = ("vllm", "serve
     while i < len(args):
         token = args[i]
         i += 1
-        if not token.startswith("-") or token == "-" or _is_number(token):
+        if not token.startswith("-") or len(token) == 1 or _is_number(token):
             positionals.append(token)
             continue
         name, eq, attached = token.partition("=")
@@ -202,6 +202,7 @@ def parse_serve_args(args: list[str], program: tuple[str, ...] = ("vllm", "serve
         if dot and spec.kind != "json":
             unknown.append(token)
             continue
+        tokens: tuple[str, ...]
         if eq:
             value, tokens = attached, (token,)
         elif i < len(args):
@@ -214,9 +215,7 @@ def parse_serve_args(args: list[str], program: tuple[str, ...] = ("vllm", "serve
             raise LaunchCommandError(f"argument {spec.name}: invalid choice: {value!r} (choose from {choices})")
         options.append(Option(spec, tokens, value, subkey))
     if unknown:
-        raise LaunchCommandError(
-            f"unrecognized arguments: {' '.join(unknown)}", unrecognized=tuple(unknown)
-        )
+        raise LaunchCommandError(f"unrecognized arguments: {' '.join(unknown)}", unrecognized=tuple(unknown))
     return _with_model(program, positionals, options)
 
 

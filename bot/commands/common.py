@@ -1,0 +1,53 @@
+"""What the terminal commands share: loading the config, the bot core, printing events, one-line errors."""
+
+from __future__ import annotations
+
+import getpass
+import socket
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TextIO
+
+from bot.config import BotConfig, config_path, load_bot_config
+from bot.coordinator import Coordinator
+from bot.render import event_lines
+from bot.store import AsyncStore
+from protos import runner_pb2 as pb
+
+
+class CommandError(Exception):
+    """Printed as `k3repro: <message>` with exit code 2; nothing was changed."""
+
+
+def load_config(path: Path | None) -> BotConfig:
+    return load_bot_config(config_path(path))
+
+
+def operator() -> str:
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+@asynccontextmanager
+async def coordinator(config: BotConfig) -> AsyncIterator[Coordinator]:
+    store = AsyncStore(config.store)
+    try:
+        yield Coordinator(config, store)
+    finally:
+        store.close()
+
+
+class EventPrinter:
+    """Prints each event as it arrives (the callback of a followed run)."""
+
+    def __init__(self, out: TextIO = sys.stdout, *, logs: bool = False) -> None:
+        self.out = out
+        self.logs = logs
+
+    async def __call__(self, event: pb.RunEvent) -> None:
+        for line in event_lines(event, logs=self.logs):
+            print(line, file=self.out, flush=True)
+
+    async def reconnecting(self, problem: str) -> None:
+        print(f"           (stream lost: {problem}; resuming)", file=self.out, flush=True)

@@ -1,0 +1,93 @@
+"""`k3repro runs`, `k3repro show RUN`, `k3repro cancel RUN`, `k3repro runners`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+from google.protobuf import json_format
+
+from bot.commands.common import CommandError, coordinator, load_config, operator
+from bot.coordinator import StartRefused
+from bot.render import event_lines, run_header
+from bot.store import RunNotFound, Store
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    runs = sub.add_parser("runs", help="list recent runs")
+    runs.add_argument("--limit", type=int, default=20)
+    runs.set_defaults(func=list_runs)
+    show = sub.add_parser("show", help="show a run and everything it recorded")
+    show.add_argument("run")
+    show.add_argument("--logs", action="store_true", help="include the engine's log")
+    show.add_argument("--json", action="store_true", help="the run and its events as JSON")
+    show.set_defaults(func=show_run)
+    cancel = sub.add_parser("cancel", help="cancel an active run")
+    cancel.add_argument("run")
+    cancel.set_defaults(func=cancel_run)
+    runners = sub.add_parser("runners", help="the runners of each cluster and what they are doing")
+    runners.add_argument("cluster", nargs="?")
+    runners.set_defaults(func=list_runners)
+
+
+def list_runs(args: argparse.Namespace) -> int:
+    store = Store(load_config(args.config).store)
+    rows = store.runs(limit=args.limit)
+    if not rows:
+        print("no runs yet")
+    for run in rows:
+        print(
+            f"{run['id']}  {run['cluster']:<14} {run['status']:<10} {run['decision'] or '-':<9} {run['summary'] or ''}"
+        )
+    return 0
+
+
+def show_run(args: argparse.Namespace) -> int:
+    store = Store(load_config(args.config).store)
+    try:
+        run = store.get_run(args.run)
+    except RunNotFound as exc:
+        raise CommandError(str(exc)) from None
+    events = store.events(run["id"])
+    if args.json:
+        payload = {"run": run, "events": [json_format.MessageToDict(event) for event in events]}
+        print(json.dumps(payload, indent=2))
+        return 0
+    print(run_header(run))
+    for event in events:
+        for line in event_lines(event, logs=args.logs):
+            print(line)
+    return 0
+
+
+def cancel_run(args: argparse.Namespace) -> int:
+    async def cancel() -> str:
+        async with coordinator(load_config(args.config)) as core:
+            return await core.cancel(args.run, operator())
+
+    try:
+        print(asyncio.run(cancel()))
+    except (RunNotFound, StartRefused) as exc:
+        raise CommandError(str(exc)) from None
+    return 0
+
+
+def list_runners(args: argparse.Namespace) -> int:
+    async def survey() -> int:
+        async with coordinator(load_config(args.config)) as core:
+            try:
+                states = await core.runners(args.cluster)
+            except StartRefused as exc:
+                raise CommandError(str(exc)) from None
+        for cluster, state in states:
+            d = state.description
+            if d is None:
+                print(f"{cluster:<14} {state.address:<24} unreachable  {state.error}")
+                continue
+            doing = f"busy: {', '.join(d.active_run_ids)}" if d.active_run_ids else "idle"
+            labels = ",".join(d.labels) or "-"
+            print(f"{cluster:<14} {state.address:<24} {d.name} ({d.hostname}) {d.backend} labels={labels} {doing}")
+        return 0
+
+    return asyncio.run(survey())

@@ -1,0 +1,65 @@
+"""`k3repro start CLUSTER`: start a run and follow it live; `k3repro watch RUN`: follow it again."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from bot.commands.common import CommandError, EventPrinter, coordinator, load_config, operator
+from bot.consumer import RunLost, RunRefused
+from bot.coordinator import StartRefused
+from protos import runner_pb2 as pb
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    start = sub.add_parser("start", help="start a run on a cluster and follow it live")
+    start.add_argument("cluster")
+    start.add_argument("--logs", action="store_true", help="also print the engine's log as it arrives")
+    start.set_defaults(func=run_start)
+    watch = sub.add_parser("watch", help="follow a run again, from where this store stopped")
+    watch.add_argument("run")
+    watch.add_argument("--logs", action="store_true")
+    watch.set_defaults(func=run_watch)
+
+
+def run_start(args: argparse.Namespace) -> int:
+    return _detachable(_start(args))
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    return _detachable(_watch(args))
+
+
+def _detachable(work: object) -> int:
+    try:
+        return asyncio.run(work)  # type: ignore[arg-type]
+    except KeyboardInterrupt:
+        print("\ndetached; the run goes on on its runner (k3repro watch RUN / k3repro cancel RUN)")
+        return 130
+
+
+async def _start(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    printer = EventPrinter(logs=args.logs)
+    async with coordinator(config) as core:
+        try:
+            started = await core.start(args.cluster, operator())
+        except StartRefused as exc:
+            raise CommandError(str(exc)) from None
+        print(f"run {started.run_id} · cluster {args.cluster} · runner {started.runner}", flush=True)
+        try:
+            finished = await core.follow(started, printer)
+        except (RunRefused, RunLost) as exc:
+            raise CommandError(str(exc)) from None
+    return 0 if finished.status == pb.RUN_STATUS_COMPLETED else 1
+
+
+async def _watch(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    printer = EventPrinter(logs=args.logs)
+    async with coordinator(config) as core:
+        try:
+            finished = await core.resume(args.run, printer)
+        except (RunRefused, RunLost, LookupError) as exc:
+            raise CommandError(str(exc).strip("'\"")) from None
+    return 0 if finished.status == pb.RUN_STATUS_COMPLETED else 1

@@ -1,0 +1,122 @@
+"""The bot's config (k3repro.toml): clusters and their runners, what a run launches, the store, TLS."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runner.toml_reader import ConfigError, TomlReader, read_toml
+
+DEFAULT_CONFIG = "k3repro.toml"
+CONFIG_ENV = "K3REPRO_CONFIG"
+
+
+@dataclass(frozen=True)
+class ClientTls:
+    ca: Path
+    cert: Path | None = None
+    key: Path | None = None
+    server_name: str = ""  # overrides the name checked in runner certificates
+
+
+@dataclass(frozen=True)
+class FixedRequestConfig:
+    api: str = "chat"
+    body_json: str = ""
+    repeats: int = 3
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    name: str
+    runners: tuple[str, ...]
+    image: str
+    launch_argv: tuple[str, ...]
+    profile: str = ""
+    request: FixedRequestConfig = FixedRequestConfig()
+
+
+@dataclass(frozen=True)
+class BotConfig:
+    store: Path
+    clusters: dict[str, ClusterConfig]
+    tls: ClientTls | None = None
+    connect_timeout_s: float = 5.0
+    reconnect_for_s: float = 600.0  # how long a lost runner stream is retried before the run is marked lost
+
+    def cluster(self, name: str) -> ClusterConfig:
+        try:
+            return self.clusters[name]
+        except KeyError:
+            known = ", ".join(sorted(self.clusters)) or "none configured"
+            raise ConfigError(f"unknown cluster {name!r} (known: {known})") from None
+
+
+def config_path(given: Path | None) -> Path:
+    return given or Path(os.environ.get(CONFIG_ENV, DEFAULT_CONFIG))
+
+
+def load_bot_config(path: Path) -> BotConfig:
+    return parse_bot_config(read_toml(path), base=path.parent, origin=str(path))
+
+
+def parse_bot_config(data: dict[str, Any], *, base: Path, origin: str) -> BotConfig:
+    reader = TomlReader(data, origin)
+    clusters = {
+        name: _cluster(name, TomlReader(table, f"{origin} [clusters.{name}]"))
+        for name, table in reader.table("clusters").items()
+    }
+    tls = None
+    if tls_table := reader.table("tls"):
+        tls_reader = TomlReader(tls_table, f"{origin} [tls]")
+        cert, key = tls_reader.text("cert", ""), tls_reader.text("key", "")
+        tls = ClientTls(
+            ca=base / tls_reader.text("ca"),
+            cert=base / cert if cert else None,
+            key=base / key if key else None,
+            server_name=tls_reader.text("server_name", ""),
+        )
+    return BotConfig(
+        store=base / reader.text("store", "k3repro.db"),
+        clusters=clusters,
+        tls=tls,
+        connect_timeout_s=reader.number("connect_timeout_s", 5.0),
+        reconnect_for_s=reader.number("reconnect_for_s", 600.0),
+    )
+
+
+def _cluster(name: str, reader: TomlReader) -> ClusterConfig:
+    if not isinstance(reader.data, dict):
+        raise ConfigError(f"{reader.origin}: must be a table")
+    launch = reader.data.get("launch")
+    if isinstance(launch, str):
+        argv = tuple(shlex.split(launch))
+    elif isinstance(launch, list) and all(isinstance(token, str) for token in launch):
+        argv = tuple(launch)
+    else:
+        raise ConfigError(f"{reader.origin}: 'launch' must be the vllm serve command, as a string or a list")
+    request = TomlReader(reader.table("request"), f"{reader.origin} [request]")
+    body = request.data.get("body", {})
+    if isinstance(body, str):
+        body_json = body
+    elif isinstance(body, dict):
+        body_json = json.dumps(body) if body else ""
+    else:
+        raise ConfigError(f"{request.origin}: 'body' must be a table or a JSON string")
+    runners = tuple(reader.texts("runners"))
+    if not runners:
+        raise ConfigError(f"{reader.origin}: 'runners' lists no runner address")
+    return ClusterConfig(
+        name=name,
+        runners=runners,
+        image=reader.text("image"),
+        launch_argv=argv,
+        profile=reader.text("profile", ""),
+        request=FixedRequestConfig(
+            api=request.text("api", "chat"), body_json=body_json, repeats=int(request.number("repeats", 3))
+        ),
+    )

@@ -1,0 +1,120 @@
+"""Follows one run's event stream into the store, and resumes with WatchRun after losing it.
+
+Events are stored exactly once (UNIQUE(run_id, seq)); the callback sees each event once, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+
+import grpc
+
+from bot.config import BotConfig
+from bot.runner_client import open_channel, rpc_error_text
+from bot.store import AsyncStore, Store, now
+from protos import runner_pb2 as pb
+from protos import runner_pb2_grpc as pb_grpc
+from protos.vocab import to_id
+
+EventCallback = Callable[[pb.RunEvent], Awaitable[None]]
+BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+STREAM_IDLE_S = 60.0  # no event and no heartbeat for this long: the stream is dead even if TCP says otherwise
+REFUSALS = {
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.ALREADY_EXISTS,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.UNAUTHENTICATED,
+}
+
+
+class RunRefused(Exception):
+    """The runner refused to start the run; the run is recorded as an error."""
+
+
+class RunLost(Exception):
+    """Contact with the runner was lost for longer than the config allows; the run is recorded as lost."""
+
+
+async def follow_run(
+    config: BotConfig,
+    store: AsyncStore,
+    run_id: str,
+    address: str,
+    on_event: EventCallback,
+    start: pb.StartRunRequest | None = None,
+    on_reconnect: Callable[[str], Awaitable[None]] | None = None,
+) -> pb.RunFinished:
+    """Streams the run until it finishes. `start` given: the run is started first (safe to resend)."""
+    lost_since: float | None = None
+    attempt = 0
+    while True:
+        last_seq = await store.call(Store.last_seq, run_id)
+        try:
+            async with open_channel(address, config.tls) as channel:
+                stub = pb_grpc.RunnerStub(channel)
+                call: AsyncIterable[pb.RunEvent] = (
+                    stub.StartRun(start)
+                    if start is not None and last_seq == 0
+                    else stub.WatchRun(pb.WatchRunRequest(run_id=run_id, after_seq=last_seq))
+                )
+                async for event in _until_idle(call):
+                    lost_since, attempt = None, 0
+                    if event.WhichOneof("payload") == "heartbeat":
+                        continue
+                    if await store.call(Store.add_event, event):
+                        await on_event(event)
+                    if event.WhichOneof("payload") == "run_finished":
+                        await _record_finish(store, run_id, event.run_finished)
+                        return event.run_finished
+            problem = "the runner closed the stream before the run finished"
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in REFUSALS and last_seq == 0:
+                message = f"runner {address} refused the run: {rpc_error_text(exc)}"
+                await _record_error(store, run_id, "error", message)
+                raise RunRefused(message) from None
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                message = f"runner {address} no longer knows run {run_id} (its journal was lost)"
+                await _record_error(store, run_id, "lost", message)
+                raise RunLost(message) from None
+            problem = rpc_error_text(exc)
+        except TimeoutError:
+            problem = f"no event or heartbeat for {STREAM_IDLE_S:.0f} s"
+        lost_since = lost_since or time.monotonic()
+        if time.monotonic() - lost_since > config.reconnect_for_s:
+            message = f"lost contact with runner {address} for {config.reconnect_for_s:.0f} s: {problem}"
+            await _record_error(store, run_id, "lost", message)
+            raise RunLost(message)
+        if on_reconnect is not None:
+            await on_reconnect(problem)
+        await asyncio.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
+        attempt += 1
+
+
+async def _until_idle(call: AsyncIterable[pb.RunEvent]) -> AsyncIterator[pb.RunEvent]:
+    iterator = aiter(call)
+    while True:
+        try:
+            async with asyncio.timeout(STREAM_IDLE_S):
+                event = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        yield event
+
+
+async def _record_finish(store: AsyncStore, run_id: str, finished: pb.RunFinished) -> None:
+    await store.call(
+        Store.update_run,
+        run_id,
+        status=to_id(pb.RunStatus, finished.status),
+        decision=to_id(pb.Decision, finished.decision) or None,
+        summary=finished.summary,
+        finished_at=now(),
+    )
+
+
+async def _record_error(store: AsyncStore, run_id: str, status: str, message: str) -> None:
+    await store.call(Store.update_run, run_id, status=status, summary=message, finished_at=now())

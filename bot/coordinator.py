@@ -1,0 +1,120 @@
+"""Bot core: turns "start a run on cluster X" into a dispatched, stored, followed run; and cancels runs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import grpc
+
+from bot.config import BotConfig
+from bot.consumer import EventCallback, follow_run
+from bot.dispatcher import DispatchError, RunnerState, pick_runner, survey
+from bot.ids import new_run_id
+from bot.runner_client import open_channel, rpc_error_text
+from bot.store import ActiveRunExists, AsyncStore, Store
+from protos import runner_pb2 as pb
+from protos import runner_pb2_grpc as pb_grpc
+from runner.toml_reader import ConfigError
+from runner.vllm_cli import LaunchCommandError, parse_launch_command
+
+
+class StartRefused(Exception):
+    """A start that changes nothing: bad cluster, bad launch command, active run, no runner."""
+
+
+@dataclass(frozen=True)
+class StartedRun:
+    run_id: str
+    runner: str
+    request: pb.StartRunRequest
+
+
+class Coordinator:
+    def __init__(self, config: BotConfig, store: AsyncStore) -> None:
+        self.config = config
+        self.store = store
+
+    async def start(self, cluster_name: str, requested_by: str, via: str = "cli") -> StartedRun:
+        """Validates, dispatches and records a run; `follow` then streams it."""
+        try:
+            cluster = self.config.cluster(cluster_name)
+            parse_launch_command(list(cluster.launch_argv))
+        except ConfigError as exc:
+            raise StartRefused(str(exc)) from None
+        except LaunchCommandError as exc:
+            raise StartRefused(f"cluster {cluster_name}: launch command: {exc}") from None
+        active = await self.store.call(Store.active_run, cluster.name)
+        if active is not None:
+            raise StartRefused(f"cluster {cluster.name} already has an active run: {active['id']}")
+        try:
+            runner = await pick_runner(self.config, cluster)
+        except DispatchError as exc:
+            raise StartRefused(str(exc)) from None
+        run_id = new_run_id()
+        request = pb.StartRunRequest(
+            run_id=run_id,
+            cluster=cluster.name,
+            image=cluster.image,
+            launch_argv=list(cluster.launch_argv),
+            request=pb.FixedRequest(
+                api=cluster.request.api, body_json=cluster.request.body_json, repeats=cluster.request.repeats
+            ),
+            profile=cluster.profile,
+            requested_by=requested_by,
+        )
+        row = {
+            "id": run_id,
+            "cluster": cluster.name,
+            "runner": runner.address,
+            "status": "running",
+            "requested_by": requested_by,
+            "image": cluster.image,
+            "request_json": json.dumps({"argv": list(cluster.launch_argv), "request": cluster.request.body_json}),
+        }
+        try:
+            await self.store.call(Store.create_run, row)
+        except ActiveRunExists as exc:
+            raise StartRefused(f"cluster {cluster.name} already has an active run: {exc.run_id}") from None
+        await self.store.call(
+            Store.audit, requested_by, "start", cluster.name, f"run {run_id} on {runner.address}", via
+        )
+        return StartedRun(run_id, runner.address, request)
+
+    async def follow(self, started: StartedRun, on_event: EventCallback) -> pb.RunFinished:
+        return await follow_run(
+            self.config, self.store, started.run_id, started.runner, on_event, start=started.request
+        )
+
+    async def resume(self, run_id: str, on_event: EventCallback) -> pb.RunFinished:
+        """Follows a run this bot stored earlier, from the last event it stored."""
+        run = await self.store.call(Store.get_run, run_id)
+        return await follow_run(self.config, self.store, run["id"], run["runner"], on_event)
+
+    async def cancel(self, run_id: str, requested_by: str, via: str = "cli") -> str:
+        run = await self.store.call(Store.get_run, run_id)
+        if run["status"] not in ("queued", "running"):
+            return f"run {run['id']} already ended ({run['status']})"
+        async with open_channel(run["runner"], self.config.tls) as channel:
+            try:
+                answer = await pb_grpc.RunnerStub(channel).CancelRun(
+                    pb.CancelRunRequest(
+                        run_id=run["id"], requested_by=requested_by, reason=f"cancelled by {requested_by}"
+                    ),
+                    timeout=self.config.connect_timeout_s + 30,
+                )
+            except grpc.aio.AioRpcError as exc:
+                raise StartRefused(f"cannot cancel run {run['id']}: {rpc_error_text(exc)}") from None
+        await self.store.call(Store.audit, requested_by, "cancel", run["id"], answer.message, via)
+        return f"run {run['id']}: {answer.message}"
+
+    async def runners(self, cluster_name: str | None = None) -> list[tuple[str, RunnerState]]:
+        names = [cluster_name] if cluster_name else sorted(self.config.clusters)
+        result: list[tuple[str, RunnerState]] = []
+        for name in names:
+            try:
+                cluster = self.config.cluster(name)
+            except ConfigError as exc:
+                raise StartRefused(str(exc)) from None
+            result.extend((name, state) for state in await survey(self.config, cluster))
+        return result

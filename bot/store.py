@@ -1,0 +1,200 @@
+"""The run store: runs, their events (exactly once per (run_id, seq)) and the audit log, in one SQLite file.
+
+All access goes through one thread (`AsyncStore`), so the event loop never blocks on SQLite and there is
+a single writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import sqlite_utils
+from google.protobuf import json_format
+
+from protos import runner_pb2 as pb
+
+ACTIVE = ("queued", "running")
+FINAL = ("completed", "cancelled", "error", "lost")
+
+T = TypeVar("T")
+
+
+class ActiveRunExists(Exception):
+    """The cluster already has a queued or running run."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(run_id)
+        self.run_id = run_id
+
+
+class RunNotFound(LookupError):
+    pass
+
+
+def _m1_initial(db: sqlite_utils.Database) -> None:
+    db.table("runs").create(
+        {
+            "id": str,
+            "cluster": str,
+            "runner": str,
+            "status": str,
+            "requested_by": str,
+            "channel": str,
+            "thread_ts": str,
+            "image": str,
+            "request_json": str,
+            "decision": str,
+            "summary": str,
+            "created_at": str,
+            "updated_at": str,
+            "finished_at": str,
+        },
+        pk="id",
+        not_null={"cluster", "status", "created_at"},
+    )
+    db.execute("CREATE UNIQUE INDEX runs_one_active_per_cluster ON runs(cluster) WHERE status IN ('queued', 'running')")
+    db.table("run_events").create(
+        {"run_id": str, "seq": int, "kind": str, "at": str, "payload_json": str, "received_at": str},
+        foreign_keys=[("run_id", "runs", "id")],
+        not_null={"run_id", "seq", "kind", "payload_json"},
+    )
+    db.table("run_events").create_index(["run_id", "seq"], unique=True)
+    db.table("audit_log").create(
+        {"id": int, "at": str, "actor": str, "action": str, "target": str, "detail": str, "via": str}, pk="id"
+    )
+
+
+MIGRATIONS: tuple[tuple[str, Callable[[sqlite_utils.Database], None]], ...] = (("initial", _m1_initial),)
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    seq: int
+    event: pb.RunEvent
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite_utils.Database(path)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA busy_timeout=5000")
+        self.db.execute("PRAGMA foreign_keys=ON")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self._migrate()
+
+    def _migrate(self) -> None:
+        migrations = self.db.table("_migrations")
+        if not migrations.exists():
+            migrations.create({"id": int, "name": str, "applied_at": str}, pk="id")
+        applied = {row["id"] for row in self.db.table("_migrations").rows}
+        for number, (name, apply) in enumerate(MIGRATIONS, start=1):
+            if number in applied:
+                continue
+            with self.db.conn:
+                apply(self.db)
+                self.db.table("_migrations").insert({"id": number, "name": name, "applied_at": now()})
+
+    def close(self) -> None:
+        self.db.close()
+
+    # --- runs ---
+
+    def create_run(self, run: dict[str, Any]) -> None:
+        stamp = now()
+        try:
+            with self.db.conn:
+                self.db.table("runs").insert({**run, "created_at": stamp, "updated_at": stamp})
+        except sqlite3.IntegrityError:
+            active = self.active_run(run["cluster"])
+            if active is None:
+                raise
+            raise ActiveRunExists(active["id"]) from None
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        with self.db.conn:
+            self.db.table("runs").update(run_id, {**fields, "updated_at": now()})
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        """A run by id or by a unique prefix of its id."""
+        rows = list(self.db.table("runs").rows_where("id = ? OR id LIKE ?", [run_id, f"{run_id}%"], limit=2))
+        exact = [row for row in rows if row["id"] == run_id]
+        if exact:
+            return exact[0]
+        if len(rows) == 1:
+            return rows[0]
+        raise RunNotFound(f"no run {run_id!r}" if not rows else f"run id {run_id!r} is ambiguous")
+
+    def active_run(self, cluster: str) -> dict[str, Any] | None:
+        rows = list(self.db.table("runs").rows_where("cluster = ? AND status IN ('queued', 'running')", [cluster]))
+        return rows[0] if rows else None
+
+    def runs(self, limit: int = 20, status: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        where = f"status IN ({', '.join('?' * len(status))})" if status else None
+        return list(self.db.table("runs").rows_where(where, list(status), order_by="created_at DESC", limit=limit))
+
+    # --- events ---
+
+    def add_event(self, event: pb.RunEvent) -> bool:
+        """Stores an event once; False when (run_id, seq) was already stored (a replayed event)."""
+        try:
+            with self.db.conn:
+                self.db.table("run_events").insert(
+                    {
+                        "run_id": event.run_id,
+                        "seq": event.seq,
+                        "kind": event.WhichOneof("payload") or "",
+                        "at": event.at.ToJsonString(),
+                        "payload_json": json_format.MessageToJson(event, indent=None),
+                        "received_at": now(),
+                    }
+                )
+        except sqlite3.IntegrityError:
+            return False
+        return True
+
+    def last_seq(self, run_id: str) -> int:
+        row = self.db.execute("SELECT MAX(seq) FROM run_events WHERE run_id = ?", [run_id]).fetchone()
+        return int(row[0] or 0)
+
+    def events(self, run_id: str) -> list[pb.RunEvent]:
+        rows = self.db.table("run_events").rows_where("run_id = ?", [run_id], order_by="seq")
+        return [json_format.Parse(row["payload_json"], pb.RunEvent()) for row in rows]
+
+    # --- audit ---
+
+    def audit(self, actor: str, action: str, target: str, detail: str = "", via: str = "cli") -> None:
+        with self.db.conn:
+            self.db.table("audit_log").insert(
+                {"at": now(), "actor": actor, "action": action, "target": target, "detail": detail, "via": via}
+            )
+
+    def audit_entries(self, limit: int = 50) -> list[dict[str, Any]]:
+        return list(self.db.table("audit_log").rows_where(order_by="id DESC", limit=limit))
+
+
+class AsyncStore:
+    """The store behind a single thread: `await store.call(Store.method, args...)`."""
+
+    def __init__(self, path: Path) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="k3repro-store")
+        self._store = self._executor.submit(Store, path).result()
+
+    async def call(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: method(self._store, *args, **kwargs))
+
+    def close(self) -> None:
+        self._executor.submit(self._store.close).result()
+        self._executor.shutdown()
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")

@@ -1,0 +1,102 @@
+"""runner.toml: what this runner is, where it listens, and what it may launch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runner.toml_reader import ConfigError, TomlReader, read_toml
+
+BACKENDS = ("docker", "process", "sim")
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    cert: Path
+    key: Path
+    client_ca: Path | None = None  # set: clients must present a certificate signed by it (mTLS)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    backend: str = "process"
+    launch_host: str = "127.0.0.1"
+    ready_timeout_s: float = 1800.0
+    stall_timeout_s: float = 300.0
+    request_timeout_s: float = 120.0
+    stop_grace_s: float = 10.0
+    sim_scenario: str = ""  # sim backend only: a built-in scenario name or a path
+    sim_speed: float = 1.0
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    name: str
+    cluster: str
+    listen: str
+    state_dir: Path
+    labels: tuple[str, ...] = ()
+    allowed_images: tuple[str, ...] = ()
+    max_concurrent_runs: int = 1
+    heartbeat_s: float = 5.0
+    tls: TlsFiles | None = None
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    @property
+    def journal_path(self) -> Path:
+        return self.state_dir / "journal.sqlite"
+
+
+def load_runner_config(path: Path) -> RunnerConfig:
+    data = read_toml(path)
+    return parse_runner_config(data, base=path.parent, origin=str(path))
+
+
+def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> RunnerConfig:
+    """Builds the config; relative paths are taken from the config file's folder."""
+    reader = TomlReader(data, origin)
+    tls_data = reader.table("tls")
+    tls = None
+    if tls_data:
+        tls_reader = TomlReader(tls_data, f"{origin} [tls]")
+        ca = tls_reader.text("client_ca", "")
+        tls = TlsFiles(
+            cert=base / tls_reader.text("cert"),
+            key=base / tls_reader.text("key"),
+            client_ca=base / ca if ca else None,
+        )
+    engine_reader = TomlReader(reader.table("engine"), f"{origin} [engine]")
+    sim_reader = TomlReader(engine_reader.table("sim"), f"{origin} [engine.sim]")
+    backend = engine_reader.text("backend", "process")
+    if backend not in BACKENDS:
+        raise ConfigError(f"{origin} [engine]: backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    scenario = sim_reader.text("scenario", "")
+    if scenario and ("/" in scenario or scenario.endswith(".toml")):
+        scenario = str(base / scenario)
+    defaults = EngineConfig()
+    engine = EngineConfig(
+        backend=backend,
+        launch_host=engine_reader.text("launch_host", defaults.launch_host),
+        ready_timeout_s=engine_reader.number("ready_timeout_s", defaults.ready_timeout_s),
+        stall_timeout_s=engine_reader.number("stall_timeout_s", defaults.stall_timeout_s),
+        request_timeout_s=engine_reader.number("request_timeout_s", defaults.request_timeout_s),
+        stop_grace_s=engine_reader.number("stop_grace_s", defaults.stop_grace_s),
+        sim_scenario=scenario,
+        sim_speed=sim_reader.number("speed", defaults.sim_speed),
+    )
+    config = RunnerConfig(
+        name=reader.text("name"),
+        cluster=reader.text("cluster"),
+        listen=reader.text("listen", "127.0.0.1:50051"),
+        state_dir=base / reader.text("state_dir", "state"),
+        labels=tuple(reader.texts("labels")),
+        allowed_images=tuple(reader.texts("allowed_images")),
+        max_concurrent_runs=int(reader.number("max_concurrent_runs", 1)),
+        heartbeat_s=reader.number("heartbeat_s", 5.0),
+        tls=tls,
+        engine=engine,
+    )
+    if not config.allowed_images:
+        raise ConfigError(f"{origin}: allowed_images is empty; list the image patterns this runner may launch")
+    return config

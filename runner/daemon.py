@@ -1,0 +1,77 @@
+"""The runner daemon: the gRPC server with health and reflection, and its orderly start and stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from protos import runner_pb2 as pb
+from protos import runner_pb2_grpc as pb_grpc
+from runner.config import RunnerConfig
+from runner.engines import make_backend
+from runner.journal import Journal
+from runner.runs import RunHub
+from runner.service import RunnerService
+from runner.tls import server_credentials
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Runner"].full_name
+SHUTDOWN_REASON = "runner shutting down (SIGTERM)"
+
+
+class RunnerDaemon:
+    def __init__(self, config: RunnerConfig) -> None:
+        self.config = config
+        self.journal = Journal(config.journal_path)
+        self.hub = RunHub(config, self.journal, make_backend(config.engine))
+        self.health = health.aio.HealthServicer()
+        self.server = grpc.aio.server()
+        pb_grpc.add_RunnerServicer_to_server(RunnerService(self.hub), self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            self.server,
+        )
+        self.port = 0
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> int:
+        """Binds and starts serving; returns the bound port (useful with `listen = "127.0.0.1:0"`)."""
+        recovered = await self.hub.recover()
+        if recovered:
+            log.warning("closed %d run(s) left unfinished by a previous runner process", len(recovered))
+        if self.config.tls is None:
+            self.port = self.server.add_insecure_port(self.config.listen)
+        else:
+            self.port = self.server.add_secure_port(self.config.listen, server_credentials(self.config.tls))
+        if self.port == 0:
+            raise OSError(f"cannot listen on {self.config.listen}")
+        await self.server.start()
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("runner %s (cluster %s) listening on port %d", self.config.name, self.config.cluster, self.port)
+        return self.port
+
+    async def stop(self, reason: str = SHUTDOWN_REASON, grace_s: float = 5.0) -> None:
+        """Health goes NOT_SERVING first, then active runs are cancelled and reported, then the server stops."""
+        await self.health.enter_graceful_shutdown()
+        await self.hub.shutdown(reason)
+        await self.server.stop(grace_s)
+        self.journal.close()
+        self._stopped.set()
+
+    async def serve_until_signalled(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(self.stop()))
+        await self.start()
+        await self._stopped.wait()

@@ -1,0 +1,34 @@
+"""The interface every engine backend offers to the stages."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class LogLine:
+    stream: str  # "stdout" or "stderr"
+    text: str
+
+
+class RunningEngine(Protocol):
+    @property
+    def returncode(self) -> int | None: ...
+
+    def lines(self) -> AsyncIterator[LogLine]:
+        """Every line the engine writes, both streams merged in arrival order, until both close."""
+        ...
+
+    async def wait(self) -> int: ...
+
+    async def stop(self, grace_s: float) -> None:
+        """Stops the engine and everything it started (its whole process group or container)."""
+        ...
+
+
+class EngineBackend(Protocol):
+    name: str
+
+    async def launch(self, argv: list[str], *, run_id: str, image: str) -> RunningEngine: ...

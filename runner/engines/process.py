@@ -1,0 +1,113 @@
+"""Bare-metal engine: the launch command runs as a process in its own process group."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator
+
+from runner.engines.base import LogLine
+
+RUN_ID_ENV = "K3REPRO_RUN_ID"  # marks every process we start, so a restarted runner can find leftovers
+_LINE_LIMIT = 1 << 20
+
+
+class ProcessEngine:
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self._process = process
+        self._queue: asyncio.Queue[LogLine | None] = asyncio.Queue()
+        self._readers = [
+            asyncio.create_task(self._pump("stdout", process.stdout)),
+            asyncio.create_task(self._pump("stderr", process.stderr)),
+        ]
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.returncode
+
+    async def _pump(self, name: str, stream: asyncio.StreamReader | None) -> None:
+        try:
+            while stream is not None:
+                raw = await stream.readline()
+                if not raw:
+                    break
+                self._queue.put_nowait(LogLine(name, raw.decode("utf-8", "replace").rstrip("\r\n")))
+        except ValueError:  # a line longer than the limit: keep what fits, continue
+            self._queue.put_nowait(LogLine(name, "[line too long, truncated]"))
+        finally:
+            self._queue.put_nowait(None)
+
+    async def lines(self) -> AsyncIterator[LogLine]:
+        open_streams = len(self._readers)
+        while open_streams:
+            item = await self._queue.get()
+            if item is None:
+                open_streams -= 1
+                continue
+            yield item
+
+    async def wait(self) -> int:
+        return await self._process.wait()
+
+    async def stop(self, grace_s: float) -> None:
+        """SIGTERM to the whole group, SIGKILL after the grace period; children never outlive us."""
+        _signal_group(self._process.pid, signal.SIGTERM)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._process.wait()), grace_s)
+        _signal_group(self._process.pid, signal.SIGKILL)
+        await self._process.wait()
+        for reader in self._readers:
+            reader.cancel()
+        await asyncio.gather(*self._readers, return_exceptions=True)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+class ProcessBackend:
+    name = "process"
+
+    def environment(self, run_id: str) -> dict[str, str]:
+        return {**os.environ, RUN_ID_ENV: run_id}
+
+    def command(self, argv: list[str]) -> list[str]:
+        return argv
+
+    async def launch(self, argv: list[str], *, run_id: str, image: str) -> ProcessEngine:
+        process = await asyncio.create_subprocess_exec(
+            *self.command(argv),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self.environment(run_id),
+            start_new_session=True,
+            limit=_LINE_LIMIT,
+        )
+        return ProcessEngine(process)
+
+
+def kill_leftovers(run_ids: set[str]) -> list[int]:
+    """Kills the process groups of processes marked with one of `run_ids` (after a runner restart)."""
+    killed: list[int] = []
+    marks = {f"{RUN_ID_ENV}={run_id}".encode() for run_id in run_ids}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as handle:
+                env = set(handle.read().split(b"\0"))
+            pgid = os.getpgid(int(entry.name))
+        except (OSError, ProcessLookupError):
+            continue
+        if env & marks and pgid not in killed:
+            _signal_group(pgid, signal.SIGKILL)
+            killed.append(pgid)
+    return killed

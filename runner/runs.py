@@ -1,0 +1,160 @@
+"""Runs on this runner: starting them, following them (replay + live), cancelling them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+
+from protos import runner_pb2 as pb
+from runner.config import RunnerConfig
+from runner.engines import EngineBackend
+from runner.engines.process import kill_leftovers
+from runner.events import EventLog, heartbeat
+from runner.journal import Journal
+from runner.pipeline import execute
+from runner.stages.context import RunContext
+from runner.stages.single_request import PATHS
+from runner.vllm_cli import LaunchCommandError, ServeCommand, parse_launch_command
+
+log = logging.getLogger(__name__)
+
+
+class RunRejected(Exception):
+    """A StartRun this runner will not execute; `code` is the gRPC status name."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class ActiveRun:
+    context: RunContext
+    task: asyncio.Task[None] | None = None
+    cancel_reason: str = field(default="cancelled")
+
+
+class RunHub:
+    def __init__(self, config: RunnerConfig, journal: Journal, backend: EngineBackend) -> None:
+        self.config = config
+        self.journal = journal
+        self.backend = backend
+        self.events = EventLog(journal)
+        self.active: dict[str, ActiveRun] = {}
+        self.accepting = True
+
+    def validate(self, request: pb.StartRunRequest) -> ServeCommand:
+        """Everything that makes a request unacceptable, as one clear message."""
+        if not self.accepting:
+            raise RunRejected("UNAVAILABLE", "runner is shutting down")
+        if not request.run_id:
+            raise RunRejected("INVALID_ARGUMENT", "run_id is empty")
+        if request.cluster != self.config.cluster:
+            raise RunRejected(
+                "INVALID_ARGUMENT",
+                f"this runner serves cluster {self.config.cluster!r}, not {request.cluster!r}",
+            )
+        if not any(fnmatchcase(request.image, pattern) for pattern in self.config.allowed_images):
+            allowed = ", ".join(self.config.allowed_images)
+            raise RunRejected("PERMISSION_DENIED", f"image {request.image!r} is not allowlisted here ({allowed})")
+        if request.request.api and request.request.api not in PATHS:
+            raise RunRejected("INVALID_ARGUMENT", f"request api must be one of {', '.join(PATHS)}")
+        if request.request.body_json:
+            try:
+                body = json.loads(request.request.body_json)
+            except json.JSONDecodeError as exc:
+                raise RunRejected("INVALID_ARGUMENT", f"request body is not JSON: {exc}") from None
+            if not isinstance(body, dict):
+                raise RunRejected("INVALID_ARGUMENT", "request body must be a JSON object")
+        try:
+            return parse_launch_command(list(request.launch_argv))
+        except LaunchCommandError as exc:
+            raise RunRejected("INVALID_ARGUMENT", f"launch command: {exc}") from None
+
+    def start(self, request: pb.StartRunRequest) -> None:
+        """Starts a run, or does nothing when this exact request already started (a retried StartRun)."""
+        command = self.validate(request)
+        known = self.journal.request(request.run_id)
+        if known is not None:
+            if known != request:
+                raise RunRejected("ALREADY_EXISTS", f"run {request.run_id} exists with a different request")
+            return
+        if len(self.active) >= self.config.max_concurrent_runs:
+            busy = ", ".join(self.active)
+            raise RunRejected("RESOURCE_EXHAUSTED", f"runner {self.config.name} is busy with run {busy}")
+        self.journal.add_run(request)
+        run_id = request.run_id
+
+        async def emit(**payload: object) -> pb.RunEvent:
+            return await self.events.emit(run_id, **payload)
+
+        context = RunContext(run_id, request, command, self.config, self.backend, emit)
+        active = ActiveRun(context)
+        self.active[run_id] = active
+        active.task = asyncio.create_task(self._execute(active), name=f"run-{run_id}")
+        log.info("run %s started for %s on %s", run_id, request.requested_by or "?", request.cluster)
+
+    async def _execute(self, active: ActiveRun) -> None:
+        try:
+            await execute(active.context, lambda: active.cancel_reason)
+        finally:
+            self.active.pop(active.context.run_id, None)
+
+    async def watch(self, run_id: str, after_seq: int) -> AsyncIterator[pb.RunEvent]:
+        """Replays journaled events after `after_seq`, then follows live ones; heartbeats when quiet."""
+        if self.journal.request(run_id) is None:
+            raise RunRejected("NOT_FOUND", f"no run {run_id} on runner {self.config.name}")
+        last = after_seq
+        while True:
+            # Reading under the lock means an event journaled after the read notifies us after we wait.
+            async with self.events.changed:
+                batch = list(self.journal.events(run_id, last))
+                if not batch:
+                    if self.journal.is_finished(run_id):
+                        return
+                    try:
+                        await asyncio.wait_for(self.events.changed.wait(), self.config.heartbeat_s)
+                        continue
+                    except TimeoutError:
+                        pass
+            if not batch:
+                active = self.active.get(run_id)
+                yield heartbeat(run_id, last, active.context.stage if active else pb.STAGE_UNSPECIFIED)
+            for event in batch:
+                last = event.seq
+                yield event
+                if event.WhichOneof("payload") == "run_finished":
+                    return
+
+    async def cancel(self, run_id: str, reason: str) -> bool:
+        active = self.active.get(run_id)
+        if active is None or active.task is None:
+            if self.journal.request(run_id) is None:
+                raise RunRejected("NOT_FOUND", f"no run {run_id} on runner {self.config.name}")
+            return False
+        active.cancel_reason = reason
+        active.task.cancel()
+        await asyncio.wait([active.task])
+        return True
+
+    async def shutdown(self, reason: str) -> None:
+        """Stops accepting runs and cancels the active ones, each reported as cancelled."""
+        self.accepting = False
+        await asyncio.gather(*(self.cancel(run_id, reason) for run_id in list(self.active)))
+
+    async def recover(self) -> list[str]:
+        """Closes runs a previous process of this runner left unfinished, and stops what they started."""
+        orphans = self.journal.unfinished_runs()
+        if orphans:
+            kill_leftovers(set(orphans))
+        for run_id in orphans:
+            reason = "the runner restarted while this run was active; its engine was stopped"
+            await self.events.emit(
+                run_id,
+                run_finished=pb.RunFinished(status=pb.RUN_STATUS_ERROR, reasons=[reason], summary=reason),
+            )
+        return orphans

@@ -1,0 +1,105 @@
+"""Follows a running engine's log: redacts, analyzes line by line, and streams findings and log chunks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+
+from runner.analyzer import ErrorFinding, PhaseFinding, StreamAnalyzer
+
+from protos import runner_pb2 as pb
+from protos.vocab import from_id
+from runner.engines import RunningEngine
+from runner.redact import redactor
+from runner.stages.context import Emit
+
+CHUNK_LINES = 200  # a log chunk is sent when this many lines wait ...
+CHUNK_INTERVAL_S = 1.0  # ... or this long after its first line
+
+
+class LogFollower:
+    def __init__(self, engine: RunningEngine, emit: Emit, source: str) -> None:
+        self.engine = engine
+        self.analyzer = StreamAnalyzer()
+        self.first_error: asyncio.Future[ErrorFinding] = asyncio.get_running_loop().create_future()
+        self.tail: deque[str] = deque(maxlen=50)
+        self._emit = emit
+        self._source = source
+        self._phase: str | None = None
+        self._pending: list[str] = []
+        self._pending_since = 0.0
+        self._task = asyncio.create_task(self._follow())
+
+    @property
+    def ended(self) -> bool:
+        """True once the engine closed its output (it exited)."""
+        return self._task.done()
+
+    async def wait_ended(self) -> None:
+        await asyncio.shield(self._task)
+
+    async def _follow(self) -> None:
+        redact = redactor().line
+        flusher = asyncio.create_task(self._flush_periodically())
+        try:
+            async for line in self.engine.lines():
+                text = redact(line.text)
+                self.tail.append(text)
+                if not self._pending:
+                    self._pending_since = time.monotonic()
+                self._pending.append(text)
+                if len(self._pending) >= CHUNK_LINES:
+                    await self._flush()
+                for finding in self.analyzer.feed(text, at=time.monotonic()):
+                    await self._found(finding)
+            for finding in self.analyzer.close():
+                await self._found(finding)
+        finally:
+            flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flusher
+            await self._flush()
+
+    async def _flush_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(CHUNK_INTERVAL_S / 2)
+            if self._pending and time.monotonic() - self._pending_since >= CHUNK_INTERVAL_S:
+                await self._flush()
+
+    async def _flush(self) -> None:
+        if self._pending:
+            lines, self._pending = self._pending, []
+            await self._emit(log_chunk=pb.LogChunk(source=self._source, lines=lines))
+
+    async def _found(self, finding: PhaseFinding | ErrorFinding) -> None:
+        if isinstance(finding, PhaseFinding):
+            if finding.phase != self._phase:
+                self._phase = finding.phase
+                await self._emit(
+                    phase_reached=pb.PhaseReached(phase=from_id(pb.Phase, finding.phase), line=finding.line)
+                )
+            return
+        if self.first_error.done():
+            return
+        await self._flush()
+        await self._emit(first_error=first_error_message(finding))
+        self.first_error.set_result(finding)
+
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+def first_error_message(finding: ErrorFinding) -> pb.FirstError:
+    return pb.FirstError(
+        phase=from_id(pb.Phase, finding.phase),
+        category=from_id(pb.ErrorCategory, finding.category),
+        line=finding.line,
+        context=list(finding.context),
+        secondary_oom=finding.secondary_oom,
+        signature=finding.signature,
+        hint=finding.hint,
+    )

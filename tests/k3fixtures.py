@@ -1,0 +1,119 @@
+"""Real parts for tests: dev certificates, an in-process runner daemon on loopback, a bot config, a TCP proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from bot.config import BotConfig, parse_bot_config
+from runner.config import parse_runner_config
+from runner.daemon import RunnerDaemon
+from runner.tls import DevCerts
+
+KIMI_LAUNCH = (
+    "vllm serve moonshotai/Kimi-K3 --tensor-parallel-size 8 --trust-remote-code --load-format fastsafetensors "
+    "--max-model-len 1048576 --kv-cache-dtype fp8 --enable-prefix-caching --tool-call-parser kimi_k3 "
+    "--enable-auto-tool-choice"
+)
+
+
+def runner_data(
+    certs: DevCerts | None, state: Path, *, scenario: str = "healthy", speed: float = 200, **extra: Any
+) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "name": "gpu-test",
+        "cluster": "cluster-a",
+        "listen": "127.0.0.1:0",
+        "state_dir": str(state),
+        "allowed_images": ["vllm/vllm-openai:*"],
+        "heartbeat_s": 0.5,
+        "engine": {
+            "backend": "sim",
+            "stall_timeout_s": 30,
+            "ready_timeout_s": 60,
+            "stop_grace_s": 2,
+            "sim": {"scenario": scenario, "speed": speed},
+        },
+    }
+    if certs is not None:
+        data["tls"] = {"cert": str(certs.runner_cert), "key": str(certs.runner_key), "client_ca": str(certs.ca)}
+    data.update(extra)
+    return data
+
+
+@contextlib.asynccontextmanager
+async def running_runner(data: dict[str, Any]) -> AsyncIterator[RunnerDaemon]:
+    daemon = RunnerDaemon(parse_runner_config(data, base=Path(data["state_dir"]), origin="test runner"))
+    await daemon.start()
+    try:
+        yield daemon
+    finally:
+        await daemon.stop("test finished", grace_s=1)
+
+
+def bot_config(
+    certs: DevCerts | None, store: Path, runners: list[str], *, launch: str = KIMI_LAUNCH, **extra: Any
+) -> BotConfig:
+    data: dict[str, Any] = {
+        "store": str(store),
+        "connect_timeout_s": 3,
+        "reconnect_for_s": 20,
+        "clusters": {
+            "cluster-a": {
+                "runners": runners,
+                "image": "vllm/vllm-openai:kimi-k3",
+                "launch": launch,
+                "profile": "kimi-k3",
+                "request": {"api": "chat", "repeats": 3, "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}},
+            }
+        },
+    }
+    if certs is not None:
+        data["tls"] = {"ca": str(certs.ca), "cert": str(certs.bot_cert), "key": str(certs.bot_key)}
+    data.update(extra)
+    return parse_bot_config(data, base=store.parent, origin="test bot")
+
+
+class TcpProxy:
+    """Forwards loopback TCP to a target; `cut()` drops every live connection, as a flaky network would."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self.connections = 0
+        self._writers: list[asyncio.StreamWriter] = []
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self._writers += [writer, up_writer]
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError, OSError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    def cut(self) -> None:
+        for writer in self._writers:
+            transport = writer.transport
+            transport.abort()
+        self._writers.clear()
+
+    async def stop(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()

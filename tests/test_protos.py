@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from protos import runner_pb2 as pb
+from protos import vocab
+from protos.generate import OUTPUTS, ROOT, generate
+
+
+def test_generated_code_matches_the_proto(tmp_path: Path) -> None:
+    generate(tmp_path)
+    for name in OUTPUTS:
+        fresh = (tmp_path / "protos" / name).read_text()
+        checked_in = (ROOT / "protos" / name).read_text()
+        assert fresh == checked_in, f"protos/{name} drifted from runner.proto: run `python -m protos.generate`"
+
+
+def test_vocabulary_is_the_designs() -> None:
+    assert vocab.PHASES == ["container_init", "gpu_detect", "weight_load", "engine_init", "api_listen", "request"]
+    assert vocab.STAGES == ["freeze", "baseline", "minimal_launch", "single_request", "ladder", "verdict"]
+    assert vocab.CATEGORIES == [
+        "driver_cuda_init", "ptx_toolchain", "nccl_comm", "oom", "cudagraph", "kv_cache_capacity",
+        "weight_load", "model_config", "compile", "port_in_use", "request_error", "other",
+    ]  # fmt: skip
+    assert vocab.LADDER_STEPS == [
+        "prefix_caching", "long_input", "max_model_len", "concurrency", "inter_node", "tools_structured_output",
+    ]  # fmt: skip
+    assert vocab.CHECKLIST_IDS == [
+        "host_driver_recorded", "container_gpu_view_recorded", "image_and_versions_pinned",
+        "minimal_command_one_line", "first_error_saved", "single_request_fixed", "prefix_caching_isolated",
+        "oom_not_secondary", "revertible_baseline", "failure_repeated",
+    ]  # fmt: skip
+    assert vocab.ids(pb.Decision) == ["fix", "isolate", "continue"]
+    assert vocab.ids(pb.RerunVerdict) == ["reproduced", "not_reproduced", "different_failure"]
+
+
+def test_ids_round_trip_and_unknown_ids_are_named() -> None:
+    for phase in vocab.PHASES:
+        assert vocab.to_id(pb.Phase, vocab.from_id(pb.Phase, phase)) == phase
+    assert vocab.to_id(pb.Phase, pb.PHASE_UNSPECIFIED) == ""
+    with pytest.raises(ValueError, match="unknown Phase 'warmup'; expected one of: container_init"):
+        vocab.from_id(pb.Phase, "warmup")
+
+
+def test_every_event_payload_is_in_the_oneof() -> None:
+    names = {field.name for field in pb.RunEvent.DESCRIPTOR.oneofs_by_name["payload"].fields}
+    assert names == {
+        "stage_started", "stage_finished", "phase_reached", "first_error", "checklist_item", "ladder_step",
+        "log_chunk", "request_result", "artifact", "heartbeat", "run_finished",
+    }  # fmt: skip
