@@ -43,6 +43,7 @@ class RunnerDaemon:
         )
         self.port = 0
         self._stopped = asyncio.Event()
+        self._stopping: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
         """Binds and starts serving; returns the bound port (useful with `listen = "127.0.0.1:0"`)."""
@@ -69,9 +70,13 @@ class RunnerDaemon:
         self.journal.close()
         self._stopped.set()
 
+    def _on_signal(self) -> None:
+        if self._stopping is None:
+            self._stopping = asyncio.create_task(self.stop())
+
     async def serve_until_signalled(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(self.stop()))
+            loop.add_signal_handler(sig, self._on_signal)
         await self.start()
         await self._stopped.wait()

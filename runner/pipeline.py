@@ -22,29 +22,29 @@ STAGES: tuple[tuple[int, StageFn], ...] = (
 
 
 async def execute(ctx: RunContext, cancel_reason: Callable[[], str]) -> None:
+    """Runs the stages, releases the engine, and only then reports the run finished (nothing follows it)."""
     try:
         summary = await _stages(ctx)
         decision, reasons = _decide(ctx)
-        await ctx.emit(
-            run_finished=pb.RunFinished(
-                status=pb.RUN_STATUS_COMPLETED, decision=decision, reasons=reasons, summary=summary
-            )
-        )
+        finished = pb.RunFinished(status=pb.RUN_STATUS_COMPLETED, decision=decision, reasons=reasons, summary=summary)
     except asyncio.CancelledError:
         reason = cancel_reason()
-        await ctx.emit(
-            stage_finished=pb.StageFinished(stage=ctx.stage, status=pb.STAGE_STATUS_CANCELLED, summary=reason)
-        )
-        await ctx.emit(run_finished=pb.RunFinished(status=pb.RUN_STATUS_CANCELLED, reasons=[reason], summary=reason))
+        await ctx.emit(stage_finished=pb.StageFinished(stage=ctx.stage, status=pb.STAGE_STATUS_CANCELLED, summary=reason))
+        finished = pb.RunFinished(status=pb.RUN_STATUS_CANCELLED, reasons=[reason], summary=reason)
     except Exception as exc:
         log.exception("run %s failed", ctx.run_id)
         message = f"runner error in {to_id(pb.Stage, ctx.stage) or 'start'}: {type(exc).__name__}: {exc}"
-        await ctx.emit(run_finished=pb.RunFinished(status=pb.RUN_STATUS_ERROR, reasons=[message], summary=message))
-    finally:
-        if ctx.engine is not None and ctx.engine.returncode is None:
-            await asyncio.shield(ctx.engine.stop(ctx.config.engine.stop_grace_s))
-        if ctx.follower is not None:
-            await ctx.follower.close()
+        finished = pb.RunFinished(status=pb.RUN_STATUS_ERROR, reasons=[message], summary=message)
+    await asyncio.shield(_release(ctx))
+    await ctx.emit(run_finished=finished)
+
+
+async def _release(ctx: RunContext) -> None:
+    """Stops the engine and lets the log follower send the engine's last lines."""
+    if ctx.engine is not None and ctx.engine.returncode is None:
+        await ctx.engine.stop(ctx.config.engine.stop_grace_s)
+    if ctx.follower is not None:
+        await ctx.follower.drain(timeout_s=5.0)
 
 
 async def _stages(ctx: RunContext) -> str:

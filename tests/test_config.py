@@ -55,3 +55,14 @@ def test_bot_config_reads_clusters(tmp_path: Path) -> None:
     assert config.store == tmp_path / "k3repro.db"
     with pytest.raises(ConfigError, match=r"unknown cluster 'cluster-z' \(known: cluster-a\)"):
         config.cluster("cluster-z")
+
+
+def test_the_shipped_example_configs_are_valid() -> None:
+    from runner.vllm_cli import parse_launch_command
+
+    root = Path(__file__).resolve().parent.parent / "deploy" / "config"
+    runner = load_runner_config(root / "runner.toml")
+    assert runner.tls is not None and runner.engine.backend == "process"
+    bot = load_bot_config(root / "k3repro.toml")
+    for cluster in bot.clusters.values():
+        assert parse_launch_command(list(cluster.launch_argv)).model == "moonshotai/Kimi-K3"

@@ -37,9 +37,6 @@ class LogFollower:
         """True once the engine closed its output (it exited)."""
         return self._task.done()
 
-    async def wait_ended(self) -> None:
-        await asyncio.shield(self._task)
-
     async def _follow(self) -> None:
         redact = redactor().line
         flusher = asyncio.create_task(self._flush_periodically())
@@ -87,10 +84,13 @@ class LogFollower:
         await self._emit(first_error=first_error_message(finding))
         self.first_error.set_result(finding)
 
-    async def close(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+    async def drain(self, timeout_s: float) -> None:
+        """Waits for the stopped engine's output to end (then everything was sent); gives up after timeout_s."""
+        done, _ = await asyncio.wait([self._task], timeout=timeout_s)
+        if not done:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
 
 
 def first_error_message(finding: ErrorFinding) -> pb.FirstError:

@@ -1,0 +1,183 @@
+"""The bot core against a real runner: dispatch, store, resume after a lost stream, clear refusals."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from bot.coordinator import Coordinator, StartRefused
+from bot.consumer import RunRefused
+from bot.store import AsyncStore, Store
+from protos import runner_pb2 as pb
+from runner.tls import DevCerts
+from tests.k3fixtures import KIMI_LAUNCH, TcpProxy, bot_config, running_runner, runner_data
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[pb.RunEvent] = []
+
+    async def __call__(self, event: pb.RunEvent) -> None:
+        self.events.append(event)
+
+    def kinds(self) -> list[str]:
+        return [e.WhichOneof("payload") or "" for e in self.events]
+
+
+def _dump(store_path: Path) -> tuple[list[dict[str, object]], list[tuple[object, ...]]]:
+    store = Store(store_path)
+    runs = list(store.db.table("runs").rows)
+    events = store.db.execute("SELECT run_id, seq FROM run_events ORDER BY run_id, seq").fetchall()
+    audit = list(store.db.table("audit_log").rows)
+    store.close()
+    return runs + audit, events
+
+
+async def test_failing_run_reports_phase_and_first_error(certs: DevCerts, tmp_path: Path) -> None:
+    async with running_runner(runner_data(certs, tmp_path / "runner", scenario="demo")) as daemon:
+        config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"])
+        store = AsyncStore(config.store)
+        core = Coordinator(config, store)
+        started = await core.start("cluster-a", "U1")
+        recorder = Recorder()
+        finished = await core.follow(started, recorder)
+        store.close()
+    assert finished.status == pb.RUN_STATUS_COMPLETED
+    assert finished.decision == pb.DECISION_CONTINUE
+    first = next(e.first_error for e in recorder.events if e.WhichOneof("payload") == "first_error")
+    assert first.phase == pb.PHASE_GPU_DETECT
+    assert first.category == pb.ERROR_CATEGORY_NCCL_COMM
+    assert "NCCL error" in first.line
+    stages = [(e.stage_finished.stage, e.stage_finished.status) for e in recorder.events if e.HasField("stage_finished")]
+    assert stages == [
+        (pb.STAGE_FREEZE, pb.STAGE_STATUS_OK),
+        (pb.STAGE_MINIMAL_LAUNCH, pb.STAGE_STATUS_FAILED),
+        (pb.STAGE_SINGLE_REQUEST, pb.STAGE_STATUS_SKIPPED),
+    ]
+    minimal = next(e.artifact.content for e in recorder.events if e.artifact.name == "minimal_command")
+    assert "--tool-call-parser" not in minimal and "--tensor-parallel-size 8" in minimal
+    run = Store(config.store).get_run(started.run_id)
+    assert (run["status"], run["decision"]) == ("completed", "continue")
+    assert "gpu_detect" in run["summary"]
+
+
+async def test_healthy_run_sends_the_fixed_request_three_times(certs: DevCerts, tmp_path: Path) -> None:
+    async with running_runner(runner_data(certs, tmp_path / "runner", scenario="healthy")) as daemon:
+        config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"])
+        store = AsyncStore(config.store)
+        recorder = Recorder()
+        core = Coordinator(config, store)
+        await core.follow(await core.start("cluster-a", "U1"), recorder)
+        store.close()
+    results = [e.request_result for e in recorder.events if e.HasField("request_result")]
+    assert [r.attempt for r in results] == [1, 2, 3]
+    assert all(r.http_status == 200 and r.max_tokens == 16 for r in results)
+    assert all(r.prompt_tokens > 0 and 0 < r.completion_tokens <= 16 and r.finish_reason for r in results)
+    phases = [e.phase_reached.phase for e in recorder.events if e.HasField("phase_reached")]
+    assert phases[-1] == pb.PHASE_API_LISTEN
+    assert phases == sorted(phases)
+    checks = {e.checklist_item.item: e.checklist_item.state for e in recorder.events if e.HasField("checklist_item")}
+    assert checks[pb.CHECKLIST_ID_SINGLE_REQUEST_FIXED] == pb.CHECKLIST_STATE_HOLDS
+    assert "first_error" not in recorder.kinds()
+
+
+async def test_lost_stream_resumes_without_lost_or_duplicated_events(certs: DevCerts, tmp_path: Path) -> None:
+    async with running_runner(runner_data(certs, tmp_path / "runner", scenario="healthy", speed=20)) as daemon:
+        proxy = TcpProxy(daemon.port)
+        await proxy.start()
+        config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{proxy.port}"])
+        store = AsyncStore(config.store)
+        core = Coordinator(config, store)
+        started = await core.start("cluster-a", "U1")
+        recorder = Recorder()
+        cuts = 0
+
+        async def cut_twice(event: pb.RunEvent) -> None:
+            nonlocal cuts
+            await recorder(event)
+            if event.seq in (3, 9) and cuts < 2:
+                cuts += 1
+                proxy.cut()
+
+        finished = await core.follow(started, cut_twice)
+        stored = await store.call(Store.events, started.run_id)
+        store.close()
+        journal = list(daemon.journal.events(started.run_id, 0))
+        await proxy.stop()
+    assert cuts == 2 and proxy.connections >= 3  # Describe, the first stream, and at least one resume per cut
+    assert finished.status == pb.RUN_STATUS_COMPLETED
+    assert [e.seq for e in recorder.events] == list(range(1, len(journal) + 1))
+    assert stored == journal
+    assert recorder.events == journal
+
+
+async def test_unknown_cluster_is_refused_and_changes_nothing(certs: DevCerts, tmp_path: Path) -> None:
+    config = bot_config(certs, tmp_path / "k3.db", ["127.0.0.1:9"])
+    store = AsyncStore(config.store)
+    with pytest.raises(StartRefused, match=r"unknown cluster 'cluster-z' \(known: cluster-a\)"):
+        await Coordinator(config, store).start("cluster-z", "U1")
+    store.close()
+    assert _dump(config.store) == ([], [])
+
+
+async def test_unknown_flag_is_refused_before_anything_is_dispatched(certs: DevCerts, tmp_path: Path) -> None:
+    config = bot_config(certs, tmp_path / "k3.db", ["127.0.0.1:9"], launch=KIMI_LAUNCH + " --enable-turbo")
+    store = AsyncStore(config.store)
+    with pytest.raises(StartRefused, match="launch command: unrecognized arguments: --enable-turbo"):
+        await Coordinator(config, store).start("cluster-a", "U1")
+    store.close()
+    assert _dump(config.store) == ([], [])
+
+
+async def test_runner_down_is_a_clear_refusal(certs: DevCerts, tmp_path: Path) -> None:
+    async with running_runner(runner_data(certs, tmp_path / "runner")) as daemon:
+        dead_port = daemon.port
+    config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{dead_port}"])
+    store = AsyncStore(config.store)
+    with pytest.raises(StartRefused, match=f"no runner of cluster cluster-a can take the run: 127.0.0.1:{dead_port} unreachable"):
+        await Coordinator(config, store).start("cluster-a", "U1")
+    store.close()
+    assert _dump(config.store) == ([], [])
+
+
+async def test_run_refused_by_the_runner_is_recorded_as_an_error(certs: DevCerts, tmp_path: Path) -> None:
+    data = runner_data(certs, tmp_path / "runner", allowed_images=["registry.local/vllm:*"])
+    async with running_runner(data) as daemon:
+        config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"])
+        store = AsyncStore(config.store)
+        core = Coordinator(config, store)
+        started = await core.start("cluster-a", "U1")
+        with pytest.raises(RunRefused, match="not allowlisted"):
+            await core.follow(started, Recorder())
+        run = await store.call(Store.get_run, started.run_id)
+        store.close()
+    assert run["status"] == "error" and "not allowlisted" in run["summary"]
+    assert Store(config.store).active_run("cluster-a") is None
+
+
+async def test_second_start_points_to_the_active_run(certs: DevCerts, tmp_path: Path) -> None:
+    async with running_runner(runner_data(certs, tmp_path / "runner", scenario="healthy", speed=2)) as daemon:
+        config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"])
+        store = AsyncStore(config.store)
+        core = Coordinator(config, store)
+        started = await core.start("cluster-a", "U1")
+        first_event = asyncio.Event()
+
+        async def note(event: pb.RunEvent) -> None:
+            first_event.set()
+
+        following = asyncio.create_task(core.follow(started, note))
+        await asyncio.wait_for(first_event.wait(), 30)
+        with pytest.raises(StartRefused, match=f"already has an active run: {started.run_id}"):
+            await core.start("cluster-a", "U2")
+        message = await core.cancel(started.run_id, "U1")
+        assert "cancelled" in message
+        finished = await following
+        store.close()
+    assert finished.status == pb.RUN_STATUS_CANCELLED
+    run = Store(config.store).get_run(started.run_id)
+    assert run["status"] == "cancelled"
+    actions = [row["action"] for row in Store(config.store).audit_entries()]
+    assert actions == ["cancel", "start"]

@@ -1,0 +1,136 @@
+"""The console scripts as a person runs them: the runner daemon, the CLI, the demo."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+
+from bot.config import ClientTls
+from bot.runner_client import open_channel
+from protos import runner_pb2 as pb
+from protos import runner_pb2_grpc as pb_grpc
+from runner.tls import DevCerts
+from tests.k3fixtures import KIMI_LAUNCH
+
+BIN = Path(sys.executable).parent
+
+
+def _runner_toml(certs: DevCerts, tmp_path: Path, port: int) -> Path:
+    path = tmp_path / "runner.toml"
+    path.write_text(
+        f'name = "gpu-sig"\ncluster = "cluster-a"\nlisten = "127.0.0.1:{port}"\nheartbeat_s = 0.5\n'
+        'allowed_images = ["vllm/vllm-openai:*"]\n'
+        f'[tls]\ncert = "{certs.runner_cert}"\nkey = "{certs.runner_key}"\nclient_ca = "{certs.ca}"\n'
+        '[engine]\nbackend = "sim"\nstop_grace_s = 2\n[engine.sim]\nscenario = "healthy"\nspeed = 1\n'
+    )
+    return path
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_sigterm_cancels_active_runs_and_reports_them(certs: DevCerts, tmp_path: Path) -> None:
+    port = _free_port()
+    daemon = subprocess.Popen(
+        [BIN / "k3repro-runner", "serve", "--config", _runner_toml(certs, tmp_path, port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    tls = ClientTls(ca=certs.ca, cert=certs.bot_cert, key=certs.bot_key)
+    try:
+        async with open_channel(f"127.0.0.1:{port}", tls) as channel:
+            stub = pb_grpc.RunnerStub(channel)
+            await asyncio.wait_for(_ready(stub), 20)
+            request = pb.StartRunRequest(
+                run_id="r-term", cluster="cluster-a", image="vllm/vllm-openai:kimi-k3", launch_argv=KIMI_LAUNCH.split()
+            )
+            events = stub.StartRun(request, timeout=60)
+            engine_pgid = 0
+            async for event in events:
+                if event.WhichOneof("payload") == "phase_reached":
+                    engine_pgid = _engine_pgid("r-term")
+                    break
+            assert engine_pgid
+            daemon.send_signal(signal.SIGTERM)
+            rest = [e async for e in events if e.seq]
+        assert rest[-1].run_finished.status == pb.RUN_STATUS_CANCELLED
+        assert "shutting down" in rest[-1].run_finished.summary
+        assert daemon.wait(timeout=20) == 0
+        try:
+            os.killpg(engine_pgid, 0)
+            raise AssertionError("the engine's process group outlived the runner")
+        except ProcessLookupError:
+            pass
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+
+
+async def _ready(stub: pb_grpc.RunnerStub) -> None:
+    while True:
+        try:
+            await stub.Describe(pb.DescribeRequest(), timeout=1)
+            return
+        except grpc.aio.AioRpcError:
+            await asyncio.sleep(0.1)
+
+
+def _engine_pgid(run_id: str) -> int:
+    """The process group of the engine a run started (found by the marker the runner puts in its env)."""
+    mark = f"K3REPRO_RUN_ID={run_id}".encode()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as handle:
+                    if mark in handle.read().split(b"\0"):
+                        return os.getpgid(int(entry))
+            except OSError:
+                continue
+    return 0
+
+
+def test_demo_prints_the_failing_phase_and_first_error() -> None:
+    started = time.monotonic()
+    result = subprocess.run([BIN / "k3repro", "demo"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "FIRST ERROR in gpu_detect [nccl_comm]" in out
+    assert "NCCL error" in out
+    assert "✗ minimal_launch: failed in gpu_detect" in out
+    assert "decision: continue" in out
+    assert time.monotonic() - started < 60
+
+
+def test_cli_bad_input_gets_one_line_and_exit_2(tmp_path: Path) -> None:
+    config = tmp_path / "k3repro.toml"
+    config.write_text(
+        '[clusters.cluster-a]\nrunners = ["127.0.0.1:9"]\nimage = "vllm/vllm-openai:kimi-k3"\n'
+        'launch = "vllm serve m --tensor-parallel-size 8"\n'
+    )
+    cases = [
+        (["start", "cluster-z"], "k3repro: unknown cluster 'cluster-z' (known: cluster-a)"),
+        (["show", "nope"], "k3repro: no run 'nope'"),
+        (["start", "cluster-a"], "k3repro: no runner of cluster cluster-a can take the run: 127.0.0.1:9 unreachable"),
+    ]
+    for args, message in cases:
+        result = subprocess.run(
+            [BIN / "k3repro", "--config", config, *args], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 2, (args, result.stderr)
+        assert result.stderr.startswith(message), result.stderr
+        assert result.stderr.count("\n") == 1
+    missing = subprocess.run([BIN / "k3repro", "--config", tmp_path / "absent.toml", "runs"], capture_output=True, text=True)
+    assert missing.returncode == 2 and "absent.toml" in missing.stderr
+    runs = subprocess.run([BIN / "k3repro", "--config", config, "runs"], capture_output=True, text=True)
+    assert runs.stdout == "no runs yet\n"
