@@ -5,9 +5,11 @@ Enums are the wire form; ids are what people, JSON and data files use.
 
 from __future__ import annotations
 
-from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
+from typing import Any, TypeVar, cast
 
 from protos import runner_pb2 as pb
+
+E = TypeVar("E", bound=int)
 
 _PREFIXES: dict[str, str] = {
     "Stage": "STAGE_",
@@ -24,28 +26,32 @@ _PREFIXES: dict[str, str] = {
 }
 
 
-def _prefix(enum: EnumTypeWrapper) -> str:
+def _prefix(enum: Any) -> str:
     return _PREFIXES[enum.DESCRIPTOR.name]
 
 
-def to_id(enum: EnumTypeWrapper, value: int) -> str:
+def to_id(enum: type[E], value: int) -> str:
     """Stable id of an enum value; "" for the UNSPECIFIED zero value."""
     if value == 0:
         return ""
-    return enum.Name(value).removeprefix(_prefix(enum)).lower()
+    wrapper: Any = enum  # the generated enums are EnumTypeWrapper instances at run time
+    return str(wrapper.Name(value)).removeprefix(_prefix(enum)).lower()
 
 
-def from_id(enum: EnumTypeWrapper, ident: str) -> int:
+def from_id(enum: type[E], ident: str) -> E:
     """Enum value of a stable id; ValueError names the accepted ids."""
+    wrapper: Any = enum
     try:
-        return int(enum.Value(_prefix(enum) + ident.upper()))
+        return cast(E, wrapper.Value(_prefix(enum) + ident.upper()))
     except ValueError:
-        raise ValueError(f"unknown {enum.DESCRIPTOR.name} {ident!r}; expected one of: {', '.join(ids(enum))}") from None
+        name = wrapper.DESCRIPTOR.name
+        raise ValueError(f"unknown {name} {ident!r}; expected one of: {', '.join(ids(enum))}") from None
 
 
-def ids(enum: EnumTypeWrapper) -> list[str]:
+def ids(enum: type[E]) -> list[str]:
     """All ids of an enum in declaration order, without UNSPECIFIED."""
-    return [to_id(enum, number) for number in enum.values() if number != 0]
+    wrapper: Any = enum
+    return [to_id(enum, number) for number in wrapper.values() if number != 0]
 
 
 PHASES = ids(pb.Phase)

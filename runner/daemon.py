@@ -7,7 +7,8 @@ import logging
 import signal
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import _async as health_aio  # the module behind grpc_health.v1.health.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from protos import runner_pb2 as pb
@@ -29,7 +30,7 @@ class RunnerDaemon:
         self.config = config
         self.journal = Journal(config.journal_path)
         self.hub = RunHub(config, self.journal, make_backend(config.engine))
-        self.health = health.aio.HealthServicer()
+        self.health = health_aio.HealthServicer()
         self.server = grpc.aio.server()
         pb_grpc.add_RunnerServicer_to_server(RunnerService(self.hub), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

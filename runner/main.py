@@ -8,7 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
-from runner.config import load_runner_config
+from runner.config import RunnerConfig, load_runner_config
 from runner.daemon import RunnerDaemon
 from runner.toml_reader import ConfigError
 
@@ -25,8 +25,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"k3repro-runner: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(RunnerDaemon(config).serve_until_signalled())
+    asyncio.run(_serve(config))
     return 0
+
+
+async def _serve(config: RunnerConfig) -> None:
+    """The daemon is built inside the event loop: gRPC's aio server binds to the loop that creates it."""
+    await RunnerDaemon(config).serve_until_signalled()
 
 
 if __name__ == "__main__":

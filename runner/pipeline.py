@@ -14,7 +14,7 @@ from runner.stages.context import RunContext, StageResult
 log = logging.getLogger(__name__)
 
 StageFn = Callable[[RunContext], Awaitable[StageResult]]
-STAGES: tuple[tuple[int, StageFn], ...] = (
+STAGES: tuple[tuple[pb.Stage, StageFn], ...] = (
     (pb.STAGE_FREEZE, freeze.run),
     (pb.STAGE_MINIMAL_LAUNCH, minimal_launch.run),
     (pb.STAGE_SINGLE_REQUEST, single_request.run),
@@ -29,7 +29,9 @@ async def execute(ctx: RunContext, cancel_reason: Callable[[], str]) -> None:
         finished = pb.RunFinished(status=pb.RUN_STATUS_COMPLETED, decision=decision, reasons=reasons, summary=summary)
     except asyncio.CancelledError:
         reason = cancel_reason()
-        await ctx.emit(stage_finished=pb.StageFinished(stage=ctx.stage, status=pb.STAGE_STATUS_CANCELLED, summary=reason))
+        await ctx.emit(
+            stage_finished=pb.StageFinished(stage=ctx.stage, status=pb.STAGE_STATUS_CANCELLED, summary=reason)
+        )
         finished = pb.RunFinished(status=pb.RUN_STATUS_CANCELLED, reasons=[reason], summary=reason)
     except Exception as exc:
         log.exception("run %s failed", ctx.run_id)
@@ -50,7 +52,7 @@ async def _release(ctx: RunContext) -> None:
 async def _stages(ctx: RunContext) -> str:
     """Runs each stage; once one does not succeed, the rest are skipped. Returns the run's one-line summary."""
     stopped_at: StageResult | None = None
-    stopped_stage = pb.STAGE_UNSPECIFIED
+    stopped_stage: pb.Stage = pb.STAGE_UNSPECIFIED
     for stage, run_stage in STAGES:
         if stopped_at is not None:
             skipped = f"skipped: {to_id(pb.Stage, stopped_stage)} did not succeed"
@@ -69,7 +71,7 @@ async def _stages(ctx: RunContext) -> str:
     return f"{to_id(pb.Stage, stopped_stage)}: {stopped_at.summary}"
 
 
-def _decide(ctx: RunContext) -> tuple[int, list[str]]:
+def _decide(ctx: RunContext) -> tuple[pb.Decision, list[str]]:
     """Without full evidence the only honest decision is `continue`, naming what is missing."""
     missing = [
         item

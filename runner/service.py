@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import socket
 from collections.abc import AsyncIterator
-from typing import Any
 from importlib.metadata import version
+from typing import Any
 
 import grpc
 

@@ -67,7 +67,11 @@ def bot_config(
                 "image": "vllm/vllm-openai:kimi-k3",
                 "launch": launch,
                 "profile": "kimi-k3",
-                "request": {"api": "chat", "repeats": 3, "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}},
+                "request": {
+                    "api": "chat",
+                    "repeats": 3,
+                    "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16},
+                },
             }
         },
     }

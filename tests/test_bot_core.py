@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from bot.coordinator import Coordinator, StartRefused
 from bot.consumer import RunRefused
+from bot.coordinator import Coordinator, StartRefused
 from bot.store import AsyncStore, Store
 from protos import runner_pb2 as pb
 from runner.tls import DevCerts
-from tests.k3fixtures import KIMI_LAUNCH, TcpProxy, bot_config, running_runner, runner_data
+from tests.k3fixtures import KIMI_LAUNCH, TcpProxy, bot_config, runner_data, running_runner
 
 
 class Recorder:
@@ -50,7 +50,9 @@ async def test_failing_run_reports_phase_and_first_error(certs: DevCerts, tmp_pa
     assert first.phase == pb.PHASE_GPU_DETECT
     assert first.category == pb.ERROR_CATEGORY_NCCL_COMM
     assert "NCCL error" in first.line
-    stages = [(e.stage_finished.stage, e.stage_finished.status) for e in recorder.events if e.HasField("stage_finished")]
+    stages = [
+        (e.stage_finished.stage, e.stage_finished.status) for e in recorder.events if e.HasField("stage_finished")
+    ]
     assert stages == [
         (pb.STAGE_FREEZE, pb.STAGE_STATUS_OK),
         (pb.STAGE_MINIMAL_LAUNCH, pb.STAGE_STATUS_FAILED),
@@ -76,7 +78,7 @@ async def test_healthy_run_sends_the_fixed_request_three_times(certs: DevCerts, 
     assert all(r.http_status == 200 and r.max_tokens == 16 for r in results)
     assert all(r.prompt_tokens > 0 and 0 < r.completion_tokens <= 16 and r.finish_reason for r in results)
     phases = [e.phase_reached.phase for e in recorder.events if e.HasField("phase_reached")]
-    assert phases[-1] == pb.PHASE_API_LISTEN
+    assert phases[-2:] == [pb.PHASE_API_LISTEN, pb.PHASE_REQUEST]  # the request phase starts with the first request
     assert phases == sorted(phases)
     checks = {e.checklist_item.item: e.checklist_item.state for e in recorder.events if e.HasField("checklist_item")}
     assert checks[pb.CHECKLIST_ID_SINGLE_REQUEST_FIXED] == pb.CHECKLIST_STATE_HOLDS
@@ -136,7 +138,9 @@ async def test_runner_down_is_a_clear_refusal(certs: DevCerts, tmp_path: Path) -
         dead_port = daemon.port
     config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{dead_port}"])
     store = AsyncStore(config.store)
-    with pytest.raises(StartRefused, match=f"no runner of cluster cluster-a can take the run: 127.0.0.1:{dead_port} unreachable"):
+    with pytest.raises(
+        StartRefused, match=f"no runner of cluster cluster-a can take the run: 127.0.0.1:{dead_port} unreachable"
+    ):
         await Coordinator(config, store).start("cluster-a", "U1")
     store.close()
     assert _dump(config.store) == ([], [])

@@ -130,7 +130,9 @@ def test_cli_bad_input_gets_one_line_and_exit_2(tmp_path: Path) -> None:
         assert result.returncode == 2, (args, result.stderr)
         assert result.stderr.startswith(message), result.stderr
         assert result.stderr.count("\n") == 1
-    missing = subprocess.run([BIN / "k3repro", "--config", tmp_path / "absent.toml", "runs"], capture_output=True, text=True)
+    missing = subprocess.run(
+        [BIN / "k3repro", "--config", tmp_path / "absent.toml", "runs"], capture_output=True, text=True
+    )
     assert missing.returncode == 2 and "absent.toml" in missing.stderr
     runs = subprocess.run([BIN / "k3repro", "--config", config, "runs"], capture_output=True, text=True)
     assert runs.stdout == "no runs yet\n"

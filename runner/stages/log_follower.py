@@ -7,10 +7,9 @@ import contextlib
 import time
 from collections import deque
 
-from runner.analyzer import ErrorFinding, PhaseFinding, StreamAnalyzer
-
 from protos import runner_pb2 as pb
 from protos.vocab import from_id
+from runner.analyzer import ErrorFinding, PhaseFinding, StreamAnalyzer
 from runner.engines import RunningEngine
 from runner.redact import redactor
 from runner.stages.context import Emit
