@@ -28,7 +28,10 @@ def test_runner_config_resolves_paths_next_to_the_file(tmp_path: Path) -> None:
     [
         ('cluster = "a"\nallowed_images = ["x"]\n', "missing key 'name'"),
         ('name = "r"\ncluster = "a"\n', "allowed_images is empty"),
-        ('name = "r"\ncluster = "a"\nallowed_images = ["x"]\n[engine]\nbackend = "k8s"\n', "backend 'k8s' is not one of"),
+        (
+            'name = "r"\ncluster = "a"\nallowed_images = ["x"]\n[engine]\nbackend = "k8s"\n',
+            "backend 'k8s' is not one of",
+        ),
         ('name = "r"\ncluster = "a"\nallowed_images = "x"\n', "'allowed_images' must be a list"),
         ('name = "r"\ncluster = 3\n', "'cluster' must be a string"),
         ("name = \n", "runner.toml"),
