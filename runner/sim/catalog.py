@@ -1,0 +1,162 @@
+"""The error catalog (runner/sim/data/errors.toml): how each failure reads, process by process.
+
+A failure is a list of blocks in the order vLLM's processes write them: the root cause in the process
+that raised it, then the wrappers other processes add (`EngineCore failed to start.`, `Engine core
+initialization failed. See root cause above.` ...). The layout depends on where the error was raised
+and whether the TP workers are processes of their own, so the catalog stores the pieces and this
+module assembles them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, cast
+
+from runner.sim.datafiles import load
+from runner.sim.logwriter import Role
+from runner.sim.scenario import PHASES
+
+
+@dataclass(frozen=True)
+class ErrorSpec:
+    key: str
+    phase: str
+    raised_in: str  # worker | engine | api
+    at: str  # start-up line the failing process never writes ("" for the request phase)
+    only: frozenset[str]
+    logged: str
+    logged_file: str
+    frames: tuple[str, ...]
+    exception: str
+
+
+@dataclass(frozen=True)
+class Block:
+    """One process's share of a failure."""
+
+    role: Role
+    rank: int
+    delay: float  # simulated seconds after the previous block
+    logged: str  # an ERROR line written before the traceback ("" for none)
+    logged_file: str
+    header: str  # logged exception message; "" for a bare traceback on stderr
+    file: str
+    title: str  # the line before a bare traceback (e.g. "Process EngineCore:")
+    frames: tuple[str, ...]
+    exception: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class HttpError:
+    status: int
+    type: str
+    param: str | None
+    message: str
+
+
+def _lines(text: str) -> tuple[str, ...]:
+    return tuple(line for line in text.split("\n") if line)
+
+
+class Catalog:
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self._fragments: dict[str, str] = dict(data["fragment"])
+        self._origins: dict[str, dict[str, Any]] = dict(data["origin"])
+        self._wrappers: dict[str, dict[str, Any]] = dict(data["wrapper"])
+        self.errors = {
+            key: ErrorSpec(
+                key=key,
+                phase=raw["phase"],
+                raised_in=raw["raised_in"],
+                at=raw.get("at", ""),
+                only=frozenset(raw.get("only", ())),
+                logged=raw.get("logged", ""),
+                logged_file=raw.get("logged_file", ""),
+                frames=_lines(raw["frames"]),
+                exception=raw["exception"],
+            )
+            for key, raw in data["error"].items()
+        }
+        self.http = {
+            key: HttpError(raw["status"], raw["type"], raw.get("param"), raw["message"])
+            for key, raw in data["http"].items()
+        }
+        self._check()
+
+    def _check(self) -> None:
+        """Catalog mistakes are programming errors: fail when it is loaded, not halfway through a failure."""
+        for spec in self.errors.values():
+            if spec.phase not in PHASES:
+                raise ValueError(f"errors.toml: {spec.key}: unknown phase {spec.phase!r}")
+            wheres = {"worker": ("worker", "uni"), "engine": ("engine",), "api": ("api",)}[spec.raised_in]
+            for where in (f"{where}.{spec.phase}" for where in wheres):
+                if where not in self._origins:
+                    raise ValueError(f"errors.toml: {spec.key}: no [origin.{where!r}]")
+                for name in self._origins[where]["then"]:
+                    if name not in self._wrappers:
+                        raise ValueError(f"errors.toml: origin {where}: unknown wrapper {name!r}")
+
+    def phases(self) -> dict[str, str]:
+        return {key: spec.phase for key, spec in self.errors.items()}
+
+    def blocks(self, key: str, rank: int, multiproc: bool, values: Mapping[str, object]) -> list[Block]:
+        """The failure `key` raised on TP rank `rank`, rendered with the simulated facts."""
+        spec = self.errors[key]
+        where = {"worker": "worker" if multiproc else "uni", "engine": "engine", "api": "api"}[spec.raised_in]
+        role: Role = "worker" if where == "worker" else "api" if where == "api" else "engine"
+        names: dict[str, object] = {**values, "rank": rank}
+        names.update({name: text.format(**names) for name, text in self._fragments.items()})
+        exception = _lines(spec.exception.format(**names))
+        names["root_message"] = exception[0].partition(": ")[2]
+        origin = self._origins[f"{where}.{spec.phase}"]
+        blocks = [
+            Block(
+                role=role,
+                rank=rank if role == "worker" else 0,
+                delay=0.0,
+                logged=spec.logged.format(**names),
+                logged_file=spec.logged_file,
+                header=origin.get("header", ""),
+                file=origin.get("file", ""),
+                title="",
+                frames=_lines(origin["stack"]) + spec.frames,
+                exception=exception,
+            )
+        ]
+        for name in origin["then"]:
+            wrapper = self._wrappers[name]
+            previous = blocks[-1]
+            repeat = bool(wrapper.get("repeat_previous", False))
+            blocks.append(
+                Block(
+                    role=cast(Role, wrapper["proc"]),
+                    rank=0,
+                    delay=float(wrapper["delay"]),
+                    logged="",
+                    logged_file="",
+                    header=wrapper.get("header", ""),
+                    file=wrapper.get("file", ""),
+                    title=wrapper.get("title", ""),
+                    frames=_lines(wrapper["stack"]) + (previous.frames if repeat else ()),
+                    exception=previous.exception if repeat else _lines(wrapper["exception"].format(**names)),
+                )
+            )
+        return blocks
+
+    def http_body(self, key: str, **names: object) -> tuple[int, dict[str, object]]:
+        """An HTTP error as vLLM 0.33 returns it: status and `{"error": {...}}` body."""
+        error = self.http[key]
+        body = {
+            "message": error.message.format(**names),
+            "type": error.type,
+            "param": error.param,
+            "code": error.status,
+        }
+        return error.status, {"error": body}
+
+
+@cache
+def catalog() -> Catalog:
+    return Catalog(load("errors.toml"))

@@ -1,0 +1,65 @@
+"""`vllm-sim serve MODEL [vllm serve flags]`: argument and environment checks, then the simulation.
+
+Configuration comes from the command line (as for vLLM) and two environment variables set by the
+runner's sim backend: VLLM_SIM_SCENARIO (path of a fault scenario; none = a healthy host) and
+VLLM_SIM_SPEED (simulated seconds per wall-clock second, default 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+from runner.sim.catalog import catalog
+from runner.sim.datafiles import load
+from runner.sim.facts import compute_facts
+from runner.sim.scenario import load_scenario
+from runner.sim.settings import Settings, UsageError, settings_from
+from runner.sim.simulator import simulate
+from runner.toml_reader import ConfigError
+from runner.vllm_cli import LaunchCommandError, parse_serve_args
+
+SCENARIO_ENV = "VLLM_SIM_SCENARIO"
+SPEED_ENV = "VLLM_SIM_SPEED"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        settings = _settings(args)
+    except UsageError as refused:
+        sys.stderr.write(refused.text())
+        return 2
+    try:
+        speed = _speed(os.environ.get(SPEED_ENV, "1"))
+        scenario = load_scenario(os.environ.get(SCENARIO_ENV) or None, catalog().phases())
+        scenario.check_ranks(settings.tensor_parallel_size)
+    except ConfigError as exc:
+        sys.stderr.write(f"vllm-sim: {exc}\n")
+        return 2
+    return asyncio.run(simulate(compute_facts(settings, scenario), speed))
+
+
+def _settings(args: list[str]) -> Settings:
+    """Parses like vLLM: the `vllm` parser owns the subcommand and unknown flags, `vllm serve` the rest."""
+    subcommands = load("log.toml")["cli"]["subcommands"]
+    if not args or args[0] != "serve":
+        got = repr(args[0]) if args else "(none)"
+        choices = ", ".join(repr(c) for c in subcommands)
+        raise UsageError(f"argument subparser: invalid choice: {got} (choose from {choices})", prog="vllm")
+    try:
+        command = parse_serve_args(args[1:])
+    except LaunchCommandError as exc:
+        raise UsageError(str(exc), prog="vllm" if exc.unrecognized else "vllm serve") from None
+    return settings_from(command, load("defaults.toml")["kv_cache_dtype_bytes"])
+
+
+def _speed(text: str) -> float:
+    try:
+        speed = float(text)
+    except ValueError:
+        speed = 0.0
+    if not speed > 0 or speed == float("inf"):
+        raise ConfigError(f"{SPEED_ENV} must be a positive number, got {text!r}")
+    return speed

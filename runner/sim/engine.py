@@ -1,0 +1,165 @@
+"""The simulated engine core: scheduling, prefill and decode on the simulated clock, and its statistics.
+
+Requests queue for one of --max-num-seqs slots, are counted by the prefix cache when first scheduled
+(vLLM's rule), then prefill and decode at the scenario's rates. A request-phase fault kills the engine
+the way vLLM's does: the failure is logged, every request in flight fails, and the engine stays dead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import Counter, deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from runner.sim.catalog import Catalog
+from runner.sim.clock import SimClock
+from runner.sim.datafiles import load
+from runner.sim.facts import Facts
+from runner.sim.failure import write_failure
+from runner.sim.logwriter import LogWriter, Procs
+from runner.sim.prefix_cache import PrefixCache
+from runner.sim.scenario import Fault
+from runner.sim.tokenizer import reply, tokenize
+
+_EOS = ""  # the end-of-sequence token: counted as generated, never shown
+_HIT_RATE_WINDOW = 1000  # requests in the logged prefix-cache hit rate (vLLM's CachingMetrics)
+
+
+class EngineDeadError(Exception):
+    """The engine core died; the API server answers 500 until it exits."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    prompt: list[str]
+    output: list[str]  # ends with _EOS when the model stopped by itself
+    finish_reason: str  # "stop" | "length"
+
+    @property
+    def text_tokens(self) -> list[str]:
+        return [token for token in self.output if token != _EOS]
+
+
+class Engine:
+    def __init__(self, facts: Facts, catalog: Catalog, log: LogWriter, procs: Procs, clock: SimClock) -> None:
+        self._facts = facts
+        self._catalog = catalog
+        self._log = log
+        self._procs = procs
+        self._clock = clock
+        self._timings = facts.scenario.timings
+        self._words = tokenize(facts.scenario.model.reply_text)
+        self._slots = asyncio.Semaphore(facts.max_num_seqs)
+        self._active: dict[int, int] = {}  # request -> tokens it holds in the KV cache
+        self._window: deque[tuple[int, int]] = deque(maxlen=_HIT_RATE_WINDOW)
+        self.cache = PrefixCache(
+            enabled=facts.settings.enable_prefix_caching,
+            block_size=facts.settings.block_size,
+            capacity_blocks=facts.num_gpu_blocks,
+        )
+        self.dead = asyncio.Event()
+        self.waiting = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.request_success: Counter[str] = Counter()
+
+    @property
+    def running(self) -> int:
+        return len(self._active)
+
+    def kv_cache_usage(self) -> float:
+        used = sum(math.ceil(tokens / self.cache.block_size) for tokens in self._active.values())
+        return used / self._facts.num_gpu_blocks if self._facts.num_gpu_blocks else 0.0
+
+    def plan(self, prompt: list[str], max_tokens: int) -> Generation:
+        """What the model answers: the same prompt always gets the same reply, cut at max_tokens."""
+        natural = self._facts.scenario.model.reply_tokens
+        words = [*reply(prompt, self._words, natural - 1), _EOS]
+        if max_tokens >= natural:
+            return Generation(prompt, words, "stop")
+        return Generation(prompt, words[:max_tokens], "length")
+
+    async def run(self, generation: Generation) -> AsyncIterator[str]:
+        """Schedules and runs a request, yielding its text tokens as they are decoded."""
+        self._check_alive()
+        self.waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.waiting -= 1
+        key = id(generation)
+        try:
+            self._check_alive()
+            fault = self._request_fault(len(generation.prompt))
+            if fault is not None:
+                await self._die(fault)
+            cached = self.cache.schedule(generation.prompt)
+            self._window.append((len(generation.prompt), cached))
+            self._active[key] = len(generation.prompt)
+            await self._clock.sleep((len(generation.prompt) - cached) / self._timings.prefill_tokens_per_s)
+            self.prompt_tokens += len(generation.prompt)
+            for token in generation.output:
+                await self._clock.sleep(1 / self._timings.decode_tokens_per_s)
+                self._check_alive()
+                self._active[key] += 1
+                self.generation_tokens += 1
+                if token != _EOS:
+                    yield token
+            self.request_success[generation.finish_reason] += 1
+            self.cache.store([*generation.prompt, *generation.output])
+        finally:
+            self._active.pop(key, None)
+            self._slots.release()
+
+    def _check_alive(self) -> None:
+        if self.dead.is_set():
+            raise EngineDeadError
+
+    def _request_fault(self, prompt_tokens: int) -> Fault | None:
+        conditions = self._facts.conditions()
+        for fault in self._facts.scenario.faults:
+            if (
+                fault.phase == "request"
+                and self._catalog.errors[fault.error].only <= conditions
+                and fault.when.launch_matches(self._facts.settings.command)
+                and fault.when.request_matches(prompt_tokens)
+            ):
+                return fault
+        return None
+
+    async def _die(self, fault: Fault) -> None:
+        self.dead.set()
+        multiproc = self._facts.multiproc
+        blocks = self._catalog.blocks(fault.error, fault.rank if multiproc else 0, multiproc, self._facts.values())
+        await write_failure(blocks, self._log, self._procs, self._clock)
+        raise EngineDeadError
+
+    async def log_stats(self) -> None:
+        """vLLM's periodic `Engine 000: ...` line, written while there is (or just was) traffic."""
+        stats = load("log.toml")["stats"]
+        interval = self._timings.stats_interval
+        last_prompt, last_generation, was_busy = 0, 0, False
+        while True:
+            await self._clock.sleep(interval)
+            prompt_rate = (self.prompt_tokens - last_prompt) / interval
+            generation_rate = (self.generation_tokens - last_generation) / interval
+            last_prompt, last_generation = self.prompt_tokens, self.generation_tokens
+            busy = bool(prompt_rate or generation_rate or self.running or self.waiting)
+            if busy or was_busy:
+                queries = sum(q for q, _ in self._window)
+                self._log.log(
+                    self._procs.api,
+                    "INFO",
+                    stats["file"],
+                    stats["text"].format(
+                        prompt_throughput=prompt_rate,
+                        generation_throughput=generation_rate,
+                        running=self.running,
+                        waiting=self.waiting,
+                        kv_usage_pct=100 * self.kv_cache_usage(),
+                        hit_rate_pct=100 * sum(h for _, h in self._window) / queries if queries else 0.0,
+                    ),
+                )
+            was_busy = busy

@@ -1,0 +1,167 @@
+"""The start-up log, phase by phase, on the simulated clock; it stops where the failure strikes.
+
+The lines and their timing are data (runner/sim/data/log.toml); this module walks them: it expands
+per-rank lines, paces them over each phase's duration, draws tqdm bars, binds and opens the port when
+the script says so, and stops before the line the failing process never writes.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from runner.sim import bars
+from runner.sim.catalog import Catalog
+from runner.sim.clock import SimClock
+from runner.sim.datafiles import load
+from runner.sim.facts import Facts
+from runner.sim.logwriter import LogWriter, Proc, Procs, Role
+from runner.sim.scenario import STARTUP_PHASES
+
+
+@dataclass(frozen=True)
+class ScriptLine:
+    id: str
+    phase: str
+    at: float
+    proc: str  # api | engine | worker | rank0
+    kind: str = "log"  # log | uvicorn | bar | routes | bind | listen
+    level: str = "INFO"
+    file: str = ""
+    text: str = ""
+    only: frozenset[str] = frozenset()
+    until: float = 0.0
+    style: str = ""
+    total: str = ""
+
+
+@cache
+def script() -> tuple[ScriptLine, ...]:
+    return tuple(ScriptLine(**{**raw, "only": frozenset(raw.get("only", ()))}) for raw in load("log.toml")["startup"])
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The error that ends the start-up, the TP rank it strikes and what its text needs besides the facts."""
+
+    error: str
+    rank: int = 0
+    values: Mapping[str, object] = field(default_factory=dict)
+
+
+def planned_failure(facts: Facts, catalog: Catalog) -> Failure | None:
+    """The start-up failure that strikes first; at the same point, the scenario's before natural ones.
+
+    Decided before the first line, because every trigger (flags, host, model) is known at launch.
+    """
+    conditions = facts.conditions()
+    lines = [line for line in script() if line.only <= conditions]
+
+    def when(error: str) -> float:
+        """Where in the log the error strikes: before its `at` line, else at the end of its phase."""
+        spec = catalog.errors[error]
+        at = [i for i, line in enumerate(lines) if line.id == spec.at]
+        return at[0] if at else max(i for i, line in enumerate(lines) if line.phase == spec.phase) + 0.5
+
+    candidates = [
+        (when(fault.error), False, Failure(fault.error, fault.rank))
+        for fault in facts.scenario.faults
+        if fault.phase in STARTUP_PHASES
+        and catalog.errors[fault.error].only <= conditions
+        and fault.when.launch_matches(facts.settings.command)
+    ]
+    candidates += [(when(error), True, Failure(error)) for error in facts.natural_errors()]
+    return min(candidates, key=lambda c: c[:2])[2] if candidates else None  # stable: file order within a tie
+
+
+class Startup:
+    def __init__(
+        self,
+        facts: Facts,
+        catalog: Catalog,
+        log: LogWriter,
+        procs: Procs,
+        clock: SimClock,
+        bind: Callable[[], None],
+        listen: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._facts = facts
+        self._catalog = catalog
+        self._log = log
+        self._procs = procs
+        self._clock = clock
+        self._bind = bind
+        self._listen = listen
+        self._values = facts.values()
+
+    async def run(self) -> Failure | None:
+        """Writes the start-up log; returns the failure that stopped it, None once the API is up."""
+        failure = planned_failure(self._facts, self._catalog)
+        stop_at = self._catalog.errors[failure.error] if failure else None
+        conditions = self._facts.conditions()
+        for phase in STARTUP_PHASES:
+            start, duration = self._clock.elapsed(), self._facts.phase_seconds[phase]
+            for line in script():
+                if line.phase != phase or not line.only <= conditions:
+                    continue
+                if stop_at and line.id == stop_at.at:
+                    return failure
+                await self._clock.sleep_until(start + line.at * duration)
+                bind_error = await self._write(line, start, duration)
+                if bind_error:
+                    return bind_error
+            if stop_at and stop_at.phase == phase:
+                return failure
+        return None
+
+    def _ranks(self, line: ScriptLine) -> list[tuple[Proc, int]]:
+        if line.proc == "worker":
+            return [(self._procs.of("worker", rank), rank) for rank in range(len(self._procs.workers) or 1)]
+        role: Role = "api" if line.proc == "api" else "engine" if line.proc == "engine" else "worker"
+        return [(self._procs.of(role, 0), 0)]
+
+    async def _write(self, line: ScriptLine, start: float, duration: float) -> Failure | None:
+        if line.kind == "bind":
+            try:
+                self._bind()
+            except OSError as exc:
+                code = exc.errno or errno.EADDRINUSE
+                text = exc.strerror or os.strerror(code)
+                return Failure("address_in_use", values={"bind_errno": code, "bind_strerror": text})
+            return None
+        if line.kind == "listen":
+            await self._listen()
+            return None
+        for proc, rank in self._ranks(line):
+            values: dict[str, Any] = {**self._values, "rank": rank}
+            if line.kind == "log":
+                self._log.log(proc, line.level, line.file, line.text.format(**values))
+            elif line.kind == "uvicorn":
+                self._log.uvicorn(proc, line.text.format(**values))
+            elif line.kind == "routes":
+                for route in load("log.toml")["route"]:
+                    self._log.log(proc, line.level, line.file, line.text.format(**route))
+            elif line.kind == "bar":
+                await self._bar(line, proc, values, start + line.at * duration, start + line.until * duration)
+        return None
+
+    async def _bar(self, line: ScriptLine, proc: Proc, values: Mapping[str, Any], t0: float, t1: float) -> None:
+        """A tqdm bar on stderr, drawn over the simulated interval [t0, t1]."""
+        desc, total = line.text.format(**values), int(values[line.total])
+        steps = range(total + 1) if line.style == "shards" else [*range(0, total, 2), total]
+        for n in steps:
+            await self._clock.sleep_until(t0 + (t1 - t0) * n / total)
+            elapsed = self._clock.elapsed() - t0
+            if line.style == "shards":  # vLLM's bar_format ends in \n: every update is a line of its own
+                self._log.write("stderr", f"{proc.prefix}\r{bars.shards(desc, n, total, elapsed)}\n")
+            else:  # tqdm redraws in place: \r between updates, one \n at the end
+                head = proc.prefix if n == 0 else ""
+                self._log.write("stderr", f"{head}\r{bars.graph(desc, n, total, elapsed)}")
+        if line.style == "shards":
+            self._log.write("stderr", f"{proc.prefix}\r{bars.shards(desc, total, total, t1 - t0)}\n{proc.prefix}\n")
+        else:
+            self._log.write("stderr", "\n")
