@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -18,9 +19,11 @@ from protos import runner_pb2_grpc as pb_grpc
 from runner.toml_reader import ConfigError
 from runner.vllm_cli import LaunchCommandError, parse_launch_command
 
+MAX_NOTE_CHARS = 500
+
 
 class StartRefused(Exception):
-    """A start that changes nothing: bad cluster, bad launch command, active run, no runner."""
+    """A request that changes nothing: bad cluster, bad launch command, active run, no runner, bad note."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class Coordinator:
         except DispatchError as exc:
             raise StartRefused(str(exc)) from None
         run_id = new_run_id()
+        changes = await self.store.call(Store.changes, cluster.name)
         request = pb.StartRunRequest(
             run_id=run_id,
             cluster=cluster.name,
@@ -62,6 +66,7 @@ class Coordinator:
             ),
             profile=cluster.profile,
             requested_by=requested_by,
+            changes=[pb.Change(at=c["at"], what=c["what"], by=c["by"] or "") for c in changes],
         )
         row = {
             "id": run_id,
@@ -107,6 +112,21 @@ class Coordinator:
                 raise StartRefused(f"cannot cancel run {run['id']}: {rpc_error_text(exc)}") from None
         await self.store.call(Store.audit, requested_by, "cancel", run["id"], answer.message, via)
         return f"run {run['id']}: {answer.message}"
+
+    async def note(self, cluster_name: str, what: str, by: str, via: str = "cli") -> dict[str, Any]:
+        """Appends to a cluster's change log; the next run's freeze records it."""
+        try:
+            cluster = self.config.cluster(cluster_name)
+        except ConfigError as exc:
+            raise StartRefused(str(exc)) from None
+        text = " ".join(what.split())
+        if not text:
+            raise StartRefused("a note needs text: what changed")
+        if len(text) > MAX_NOTE_CHARS:
+            raise StartRefused(f"a note is at most {MAX_NOTE_CHARS} characters (got {len(text)})")
+        row = await self.store.call(Store.add_change, cluster.name, text, by, via)
+        await self.store.call(Store.audit, by, "note", cluster.name, text, via)
+        return row
 
     async def runners(self, cluster_name: str | None = None) -> list[tuple[str, RunnerState]]:
         names = [cluster_name] if cluster_name else sorted(self.config.clusters)

@@ -71,7 +71,20 @@ def _m1_initial(db: sqlite_utils.Database) -> None:
     )
 
 
-MIGRATIONS: tuple[tuple[str, Callable[[sqlite_utils.Database], None]], ...] = (("initial", _m1_initial),)
+def _m2_change_log(db: sqlite_utils.Database) -> None:
+    db.table("changes").create(
+        {"id": int, "cluster": str, "at": str, "what": str, "by": str, "via": str},
+        pk="id",
+        not_null={"cluster", "at", "what"},
+    )
+    db.table("changes").create_index(["cluster", "at"])
+
+
+# Append only: a migration's position is its number, recorded in _migrations.
+MIGRATIONS: tuple[tuple[str, Callable[[sqlite_utils.Database], None]], ...] = (
+    ("initial", _m1_initial),
+    ("change_log", _m2_change_log),
+)
 
 
 @dataclass(frozen=True)
@@ -167,6 +180,19 @@ class Store:
     def events(self, run_id: str) -> list[pb.RunEvent]:
         rows = self.db.table("run_events").rows_where("run_id = ?", [run_id], order_by="seq")
         return [json_format.Parse(row["payload_json"], pb.RunEvent()) for row in rows]
+
+    # --- change log ---
+
+    def add_change(self, cluster: str, what: str, by: str, via: str) -> dict[str, Any]:
+        row = {"cluster": cluster, "at": now(), "what": what, "by": by, "via": via}
+        with self.db.conn:
+            self.db.table("changes").insert(row)
+        return row
+
+    def changes(self, cluster: str, limit: int = 50) -> list[dict[str, Any]]:
+        """The latest `limit` changes of a cluster, oldest first."""
+        rows = self.db.table("changes").rows_where("cluster = ?", [cluster], order_by="id DESC", limit=limit)
+        return list(reversed(list(rows)))
 
     # --- audit ---
 

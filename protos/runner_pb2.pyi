@@ -203,8 +203,18 @@ class FixedRequest(_message.Message):
     repeats: int
     def __init__(self, api: _Optional[str] = ..., body_json: _Optional[str] = ..., repeats: _Optional[int] = ...) -> None: ...
 
+class Change(_message.Message):
+    __slots__ = ("at", "what", "by")
+    AT_FIELD_NUMBER: _ClassVar[int]
+    WHAT_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    at: str
+    what: str
+    by: str
+    def __init__(self, at: _Optional[str] = ..., what: _Optional[str] = ..., by: _Optional[str] = ...) -> None: ...
+
 class StartRunRequest(_message.Message):
-    __slots__ = ("run_id", "cluster", "image", "launch_argv", "request", "profile", "requested_by")
+    __slots__ = ("run_id", "cluster", "image", "launch_argv", "request", "profile", "requested_by", "changes")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
@@ -212,6 +222,7 @@ class StartRunRequest(_message.Message):
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     cluster: str
     image: str
@@ -219,7 +230,8 @@ class StartRunRequest(_message.Message):
     request: FixedRequest
     profile: str
     requested_by: str
-    def __init__(self, run_id: _Optional[str] = ..., cluster: _Optional[str] = ..., image: _Optional[str] = ..., launch_argv: _Optional[_Iterable[str]] = ..., request: _Optional[_Union[FixedRequest, _Mapping]] = ..., profile: _Optional[str] = ..., requested_by: _Optional[str] = ...) -> None: ...
+    changes: _containers.RepeatedCompositeFieldContainer[Change]
+    def __init__(self, run_id: _Optional[str] = ..., cluster: _Optional[str] = ..., image: _Optional[str] = ..., launch_argv: _Optional[_Iterable[str]] = ..., request: _Optional[_Union[FixedRequest, _Mapping]] = ..., profile: _Optional[str] = ..., requested_by: _Optional[str] = ..., changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ...) -> None: ...
 
 class WatchRunRequest(_message.Message):
     __slots__ = ("run_id", "after_seq")

@@ -185,3 +185,23 @@ async def test_second_start_points_to_the_active_run(certs: DevCerts, tmp_path: 
     assert run["status"] == "cancelled"
     actions = [row["action"] for row in Store(config.store).audit_entries()]
     assert actions == ["cancel", "start"]
+
+
+async def test_notes_reach_the_next_runs_frozen_scene(certs: DevCerts, tmp_path: Path) -> None:
+    async with running_runner(runner_data(certs, tmp_path / "runner", scenario="demo")) as daemon:
+        config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"])
+        store = AsyncStore(config.store)
+        core = Coordinator(config, store)
+        await core.note("cluster-a", "driver  580.82 ->\n580.95 on gpu-a1", "U1")
+        with pytest.raises(StartRefused, match="unknown cluster"):
+            await core.note("cluster-z", "x", "U1")
+        with pytest.raises(StartRefused, match="needs text"):
+            await core.note("cluster-a", "   ", "U1")
+        with pytest.raises(StartRefused, match="at most 500 characters"):
+            await core.note("cluster-a", "x" * 501, "U1")
+        recorder = Recorder()
+        await core.follow(await core.start("cluster-a", "U1"), recorder)
+        store.close()
+    scene = next(e.artifact.content for e in recorder.events if e.artifact.name == "fingerprint")
+    assert '"what": "driver 580.82 -> 580.95 on gpu-a1"' in scene
+    assert '"by": "U1"' in scene

@@ -43,6 +43,7 @@ async def run(ctx: RunContext) -> StageResult:
         "image": {"ref": ctx.request.image},
         "env": relevant_env(),
         "launch": {"argv": redactor().argv(ctx.command.argv())},
+        "changes": [{"at": c.at, "what": redactor().line(c.what), "by": c.by} for c in ctx.request.changes],
     }
     await ctx.artifact("fingerprint", scene)
     if nvml.available:

@@ -1,0 +1,29 @@
+"""`k3repro note CLUSTER "what changed"`: the cluster's change log, which every run's freeze records."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from bot.commands.common import CommandError, coordinator, load_config, operator
+from bot.coordinator import StartRefused
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser("note", help="add to a cluster's change log (time + what changed)")
+    parser.add_argument("cluster")
+    parser.add_argument("what", help="what changed, e.g. 'driver 580.82 -> 580.95 on gpu-a1'")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    async def note() -> str:
+        async with coordinator(load_config(args.config)) as core:
+            row = await core.note(args.cluster, args.what, operator())
+        return f"noted for {row['cluster']} at {row['at']}: {row['what']}"
+
+    try:
+        print(asyncio.run(note()))
+    except StartRefused as exc:
+        raise CommandError(str(exc)) from None
+    return 0
