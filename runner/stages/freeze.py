@@ -37,8 +37,9 @@ def relevant_env() -> dict[str, str]:
 
 async def run(ctx: RunContext) -> StageResult:
     nvml = PynvmlSource().read()
-    scene = {
-        "host": host_facts(),
+    host = host_facts()
+    scene: dict[str, Any] = {
+        "host": host,
         "nvml": nvml.to_json(),
         "image": {"ref": ctx.request.image},
         "env": relevant_env(),
@@ -57,7 +58,6 @@ async def run(ctx: RunContext) -> StageResult:
     else:
         await ctx.check(pb.CHECKLIST_ID_HOST_DRIVER_RECORDED, pb.CHECKLIST_STATE_PENDING, nvml.error or "")
         driver = f"NVML unavailable ({nvml.error})"
-    host = scene["host"]
     return StageResult(
         pb.STAGE_STATUS_OK,
         f"{host['hostname']} · {host['os']} · kernel {host['kernel']} · {driver} · image {ctx.request.image}",
