@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
+from dataclasses import replace
 
 from protos import runner_pb2 as pb
 from protos.vocab import from_id
@@ -52,6 +53,7 @@ class LogFollower:
                     await self._found(finding)
             for finding in self.analyzer.close():
                 await self._found(finding)
+            await self._oom_seen_later()
         finally:
             flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -82,6 +84,14 @@ class LogFollower:
         await self._flush()
         await self._emit(first_error=first_error_message(finding))
         self.first_error.set_result(finding)
+
+    async def _oom_seen_later(self) -> None:
+        """An OOM after the first error makes it secondary; the thread learns it from an updated FirstError."""
+        if not self.first_error.done():
+            return
+        reported = self.first_error.result()
+        if self.analyzer.secondary_oom and not reported.secondary_oom:
+            await self._emit(first_error=first_error_message(replace(reported, secondary_oom=True)))
 
     async def drain(self, timeout_s: float) -> None:
         """Waits for the stopped engine's output to end (then everything was sent); gives up after timeout_s."""

@@ -1,0 +1,44 @@
+"""`k3repro analyze PATH|- [--json]`: the first error of a vLLM log, its phase, category and hint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from runner.analyzer import InputError, analyze_path, analyze_stream
+
+# Larger inputs are refused: a start-up log is megabytes, a long-running server's a few hundred; past
+# this it is almost certainly the wrong file (the analysis itself streams, with flat memory).
+MAX_BYTES = 1 << 30
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "analyze",
+        help="find the first error of a vLLM log: phase, category, root-cause line, secondary OOM",
+        description="Analyze a vLLM log (a file, or - for standard input). Exit 0 when the analysis ran, "
+        "whether or not it found a failure; 2 when the input cannot be read.",
+    )
+    parser.add_argument("path", metavar="PATH|-", help="the log file, or - to read standard input")
+    parser.add_argument("--json", action="store_true", help="print the analysis as JSON (stable contract)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.path == "-":
+            analysis = analyze_stream(sys.stdin.buffer, "standard input", max_bytes=MAX_BYTES)
+        else:
+            analysis = analyze_path(args.path, max_bytes=MAX_BYTES)
+    except InputError as exc:
+        print(f"k3repro analyze: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"k3repro analyze: {args.path}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(analysis.to_json(), ensure_ascii=False, indent=2))
+    else:
+        print(analysis.to_text())
+    return 0

@@ -1,0 +1,85 @@
+"""One raw log line taken apart: what to show, which stream it belongs to, its level and message.
+
+vLLM output is several processes' lines interleaved, wrapped by collectors, coloured and overwritten by
+progress bars; everything later works on the parts this module separates, using only the line syntax
+of rules.toml.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from runner.analyzer.rules import LineSyntax
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    display: str  # the line as a person would quote it (labels.jsonl's first_error_line)
+    text: str  # without collector wrappers and process prefixes: the log header and the message
+    msg: str  # the message: `text` without the log header
+    proc: str  # the process prefix(es), e.g. "(Worker_TP3 pid=8456)"; "" for none
+    level: str | None  # "ERROR", "INFO", ... when the line has a log header
+    src: str  # the header's call site ("core.py:866"); "" for none
+
+
+class LineParser:
+    def __init__(self, syntax: LineSyntax) -> None:
+        self._max = syntax.max_chars
+        self._ansi = syntax.ansi
+        self._process = syntax.process
+        # The alternatives of each list in one pattern: one `match` per line instead of one per entry.
+        self._wrappers = re.compile("|".join(f"(?:{w.pattern})" for w in syntax.wrappers) or r"(?!)")
+        self._suffixes = re.compile("|".join(f"(?:{s.pattern})" for s in syntax.suffixes) or r"(?!)")
+        parts = []
+        self._header_groups: list[tuple[str, str | None]] = []
+        for i, header in enumerate(syntax.headers):
+            pattern = header.pattern.replace("(?P<level>", f"(?P<level{i}>")
+            src = f"src{i}" if "(?P<src>" in pattern else None
+            pattern = pattern.replace("(?P<src>", f"(?P<src{i}>")
+            parts.append(f"(?:{pattern})")
+            self._header_groups.append((f"level{i}", src))
+        self._headers = re.compile("|".join(parts) or r"(?!)")
+
+    def display(self, raw: str) -> str:
+        """The quotable line: trailing CR dropped; a line that starts coloured shows from its last colour code."""
+        raw = raw.rstrip("\r\n")
+        if raw.startswith("\x1b"):
+            last_end = max((m.end() for m in self._ansi.finditer(raw)), default=0)
+            return raw[last_end:].lstrip(" ")
+        return raw
+
+    def parse(self, raw: str) -> LogLine:
+        if len(raw) > self._max:
+            raw = raw[: self._max]
+        text = raw.rstrip("\r\n")
+        display = text
+        if "\x1b" in text:
+            display = self.display(text)
+            text = self._ansi.sub("", text)
+        while (match := self._wrappers.match(text)) and match.end():
+            text = text[match.end() :]
+        proc = ""
+        if text[:1] in "([":
+            end = 0
+            while match := self._process.match(text, end):
+                end = match.end()
+            if end:
+                proc = text[:end].rstrip()
+                text = text[end:]
+        if "\r" in text:
+            # A progress bar redraws itself with CR: what stays on the terminal is the last segment.
+            text = next((seg for seg in reversed(text.split("\r")) if seg.strip()), "")
+        if suffix := self._suffixes.search(text):
+            text = text[: suffix.start()].rstrip()
+        level: str | None = None
+        src = ""
+        msg = text
+        if match := self._headers.match(text):
+            for level_group, src_group in self._header_groups:
+                level = match[level_group]
+                if level is not None:
+                    src = (match[src_group] or "") if src_group else ""
+                    break
+            msg = text[match.end() :]
+        return LogLine(display, text, msg, proc, level, src)

@@ -1,0 +1,107 @@
+"""Whole-log analysis: the same streaming logic over a text or a file, and its JSON and text forms."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from runner.analyzer.reader import SNIFF_BYTES, InputError, PrefixedReader, iter_lines, looks_binary
+from runner.analyzer.rules import Rules, default_rules
+from runner.analyzer.stream import ErrorFinding, StreamAnalyzer
+
+
+@dataclass(frozen=True)
+class Analysis:
+    first_error: ErrorFinding | None
+    phases_seen: tuple[str, ...]
+    healthy: bool
+    lines: int
+
+    @property
+    def phase(self) -> str | None:
+        return self.first_error.phase if self.first_error else None
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable contract of `k3repro analyze --json` (issue 3)."""
+        error = self.first_error
+        return {
+            "phase": error.phase if error else None,
+            "first_error": {"line": error.line, "lineno": error.line_no} if error else None,
+            "category": error.category if error else None,
+            "secondary_oom": error.secondary_oom if error else False,
+            "hint": error.hint if error else None,
+            "phases_seen": list(self.phases_seen),
+            "signature": error.signature if error else "",
+        }
+
+    def to_text(self, context: bool = True) -> str:
+        """A short summary for a person in an incident."""
+        phases = " → ".join(self.phases_seen) or "none"
+        error = self.first_error
+        if error is None:
+            state = "healthy: the server reached readiness" if self.healthy else "no error found"
+            return f"{state} ({self.lines} lines; phases seen: {phases})"
+        out = [
+            f"phase:         {error.phase}",
+            f"category:      {error.category}",
+            f"first error:   line {error.line_no}: {error.line}",
+            f"secondary OOM: {'yes' if error.secondary_oom else 'no'}",
+            f"hint:          {error.hint}",
+            f"phases seen:   {phases}",
+            f"signature:     {error.signature}",
+        ]
+        if context and error.context:
+            out.append("context:")
+            out += [f"  {'>' if line == error.line else ' '} {line}" for line in error.context]
+        return "\n".join(out)
+
+
+def _finish(analyzer: StreamAnalyzer) -> Analysis:
+    analyzer.close()
+    error = analyzer.first_error
+    if error is not None and analyzer.secondary_oom != error.secondary_oom:
+        # An OOM that followed a different first error is only known after the finding went out.
+        hint = f"{error.hint} {analyzer.rules.secondary_oom_hint}".strip()
+        error = ErrorFinding(**{**error.__dict__, "secondary_oom": True, "hint": hint})
+    return Analysis(error, analyzer.phases_seen, analyzer.healthy, analyzer.lines)
+
+
+def analyze_lines(lines: Iterable[str], rules: Rules | None = None) -> Analysis:
+    """Feed an iterable of lines, then close: exactly what a live stream gets."""
+    analyzer = StreamAnalyzer(rules)
+    feed = analyzer.feed
+    for line in lines:
+        feed(line, 0.0)
+    return _finish(analyzer)
+
+
+def analyze_text(text: str, rules: Rules | None = None) -> Analysis:
+    """A whole log held in memory."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return analyze_lines(lines, rules)
+
+
+def analyze_stream(
+    stream: BinaryIO, name: str = "-", rules: Rules | None = None, *, max_bytes: int | None = None
+) -> Analysis:
+    """A log read from a byte stream (a file, a pipe), with memory flat in its size. InputError for
+    binary data or more than max_bytes."""
+    rules = rules or default_rules()
+    head = stream.read(SNIFF_BYTES)
+    if looks_binary(head):
+        raise InputError(f"{name}: binary data, not a text log")
+    reader = PrefixedReader(head, stream)
+    return analyze_lines(iter_lines(reader, max_line_chars=rules.line.max_chars, max_bytes=max_bytes), rules)
+
+
+def analyze_path(path: str | Path, rules: Rules | None = None, *, max_bytes: int | None = None) -> Analysis:
+    """A log file; OSError when it cannot be read, InputError as for analyze_stream."""
+    with open(path, "rb") as stream:
+        return analyze_stream(stream, str(path), rules, max_bytes=max_bytes)
+
+
+__all__ = ["Analysis", "InputError", "analyze_lines", "analyze_path", "analyze_stream", "analyze_text"]

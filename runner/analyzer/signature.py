@@ -1,0 +1,19 @@
+"""Signatures: the first error with everything run-specific removed, so two runs failing the same way
+compare equal (the isolated rerun and the method engine compare them)."""
+
+from __future__ import annotations
+
+from runner.analyzer.rules import Rules
+
+
+def normalize(rules: Rules, message: str) -> str:
+    """The message with timestamps, paths, addresses, hex, pids, ranks and numbers replaced (rules.toml)."""
+    text = message
+    for pattern, replacement in rules.signature_replace:
+        text = pattern.sub(replacement, text)
+    return text.strip()[: rules.signature_max_chars]
+
+
+def signature(rules: Rules, phase: str, category: str, message: str) -> str:
+    """`phase:category:normalized message`: readable in a thread, equal for equal failures."""
+    return f"{phase}:{category}:{normalize(rules, message)}"

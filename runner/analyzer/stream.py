@@ -1,0 +1,633 @@
+"""The incremental first-error analyzer: fed one line at a time, it reports phases at once and the first
+error as soon as it is certain.
+
+How the first error is chosen (the rules themselves are data, see rules.toml):
+- Every output stream (process prefix + logger call site) has its own traceback state, so interleaved
+  ranks and processes do not mix their frames.
+- Candidates, strongest first: a line a root rule names (certain at once); an exception that ends a
+  traceback, or an exception-shaped line, that no rule names (certain when its message stops
+  continuing: at most `max_message_lines` lines of its stream or `max_wait_lines` lines overall);
+  a logged ERROR line without a traceback (only at close()); a wrapper (only at close(), only when
+  there is nothing else).
+- Among strong candidates the earliest line wins; a later one is not reported while an earlier one is
+  still uncertain. A logged ERROR line followed by a traceback holds its place until the traceback ends
+  (at most `header_wait_lines`): it is the root-cause line when it repeats the exception's message.
+- Phase of the error: the rule's phase when only one is possible, else the outermost traceback frame
+  that places it, else the phase the markers reached (`request` once the server was ready), else the
+  rule's usual phase, else the default.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from protos.vocab import PHASES
+from runner.analyzer.lines import LineParser, LogLine
+from runner.analyzer.rules import Context, ErrorRule, Marker, Rules, default_rules, gate
+from runner.analyzer.signature import signature
+
+_PHASE_ORDER = {phase: i for i, phase in enumerate(PHASES)}
+_IDLE, _FRAMES, _MESSAGE = 0, 1, 2
+_RULE, _GENERIC, _WEAK, _WRAPPER = 1, 2, 3, 4
+_CONTEXT_BEFORE = 3  # lines of the same stream kept before an error
+_CONTEXT_AFTER = 3  # message lines kept after it while it is still uncertain
+_MAX_STREAMS = 512  # streams are keyed by pid; old ones are forgotten past this many
+_MAX_WEAK = 16
+
+
+@dataclass(frozen=True)
+class PhaseFinding:
+    """The log proved a new phase (emitted on the marker line itself)."""
+
+    phase: str
+    line: str
+    line_no: int
+
+
+@dataclass(frozen=True)
+class ErrorFinding:
+    """The first error, emitted once, as soon as it is certain."""
+
+    phase: str
+    category: str
+    line: str
+    line_no: int
+    context: tuple[str, ...]
+    secondary_oom: bool
+    signature: str
+    hint: str
+
+
+@dataclass(frozen=True)
+class Stall:
+    """No progress for idle_s seconds; phase is where the run was (None: before any marker)."""
+
+    phase: str | None
+    idle_s: float
+    last_line: str
+
+
+@dataclass(slots=True)
+class _Candidate:
+    line_no: int
+    display: str
+    msg: str
+    tier: int
+    rule: ErrorRule | None
+    run_phase: str | None
+    context: Context | None
+    before: tuple[str, ...]
+    key: tuple[str, str]
+    opened_at: int  # global line count when it was created
+    frame_phase: str | None = None
+    groups: dict[str, str] = field(default_factory=dict)
+    refined: ErrorRule | None = None  # a rule matched by a continuation line of a generic exception
+    after: list[str] = field(default_factory=list)
+    reserved: bool = False  # a header waiting for its traceback to end
+
+
+@dataclass(slots=True)
+class _Stream:
+    state: int = _IDLE
+    recent: deque[str] = field(default_factory=lambda: deque(maxlen=_CONTEXT_BEFORE))
+    frame_phase: str | None = None
+    suppress: bool = False  # the next traceback belongs to a benign header
+    header: _Candidate | None = None  # a logged ERROR line: heads a traceback if the next line starts one
+    reservation: _Candidate | None = None  # a header whose traceback is running
+    pending: _Candidate | None = None  # a generic exception whose message may continue
+    message_lines: int = 0
+
+
+class StreamAnalyzer:
+    """Feed lines as they arrive; read `phase`, `first_error`, `healthy`; ask `stalled()` for hangs."""
+
+    def __init__(self, rules: Rules | None = None, *, started_at: float | None = None) -> None:
+        self.rules = rules or default_rules()
+        self._parser = LineParser(self.rules.line)
+        self._tb = self.rules.traceback
+        self._error_levels = self.rules.line.error_levels
+        self._streams: dict[tuple[str, str], _Stream] = {}
+        self._last_key_of_proc: dict[str, tuple[str, str]] = {}
+        self._n = 0
+        self._marker_phase: str | None = None
+        self._evidence_phase: str | None = None
+        self._ready = False
+        self._phases_seen: list[str] = []
+        self._contexts: dict[str, Context] = {}
+        self._open: list[_Candidate] = []  # uncertain strong candidates and held header places
+        self._best: _Candidate | None = None  # earliest certain strong candidate
+        self._weak: list[_Candidate] = []
+        self._wrapper: _Candidate | None = None
+        self._last_oom_line = 0
+        self._first_error: ErrorFinding | None = None
+        self._emitted: _Candidate | None = None
+        self._closed = False
+        self._last_progress_at = time.monotonic() if started_at is None else started_at
+        self._last_line = ""
+        self._saw_idle = False
+        self._rule_gate = self.rules.rule_gate
+        self._rule_list = self.rules.rules
+        self._active_markers: tuple[Marker, ...] = ()
+        self._quiet_gate = self._refresh_quiet()
+
+    # -- public state ---------------------------------------------------------------------------
+
+    @property
+    def phase(self) -> str | None:
+        """The phase the markers have reached (None before the first marker)."""
+        return self._marker_phase
+
+    @property
+    def phases_seen(self) -> tuple[str, ...]:
+        return tuple(self._phases_seen)
+
+    @property
+    def first_error(self) -> ErrorFinding | None:
+        return self._first_error
+
+    @property
+    def healthy(self) -> bool:
+        """Ready (`Application startup complete.` or an offline engine's readiness) and no error so far."""
+        return self._ready and self._first_error is None and self._best is None and not self._open
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    @property
+    def secondary_oom(self) -> bool:
+        """Whether the first error's OOM is secondary, with everything seen so far (it can turn true
+        after the ErrorFinding was emitted, when an OOM follows a different first error)."""
+        if self._emitted is None or self._first_error is None:
+            return False
+        return self._secondary(self._emitted, self._first_error.category)
+
+    @property
+    def lines(self) -> int:
+        return self._n
+
+    def stalled(self, now: float, threshold_s: float) -> Stall | None:
+        """A hang: no progress line for threshold_s (lines vLLM repeats while waiting do not count).
+
+        None once the run is ready or failed: then there is nothing left to wait for in the log.
+        """
+        if self._ready or self._first_error is not None:
+            return None
+        idle = now - self._last_progress_at
+        if idle < threshold_s:
+            return None
+        return Stall(self._marker_phase, idle, self._last_line)
+
+    # -- feeding --------------------------------------------------------------------------------
+
+    def feed(self, line: str, at: float | None = None) -> list[PhaseFinding | ErrorFinding]:
+        """Analyze one line (a trailing newline is fine; embedded newlines split it)."""
+        if self._closed:
+            raise RuntimeError("feed() after close()")
+        if "\n" in line.rstrip("\n"):
+            found: list[PhaseFinding | ErrorFinding] = []
+            for part in line.rstrip("\n").split("\n"):
+                found += self.feed(part, at)
+            return found
+        self._n += 1
+        out: list[PhaseFinding | ErrorFinding] = []
+        ll = self._parser.parse(line)
+        self._saw_idle = False
+        self._line(ll, out)
+        if not self._saw_idle:
+            self._last_progress_at = time.monotonic() if at is None else at
+        self._last_line = ll.display
+        if self._open:
+            self._expire()
+        if self._first_error is None and self._best is not None:
+            self._maybe_emit(out)
+        return out
+
+    def close(self) -> list[PhaseFinding | ErrorFinding]:
+        """End of the log: settle what was still uncertain and report the first error if not yet done."""
+        if self._closed:
+            return []
+        self._closed = True
+        out: list[PhaseFinding | ErrorFinding] = []
+        for cand in self._open:
+            if cand.reserved:
+                cand.reserved = False
+                cand.tier = _GENERIC
+            self._settle(cand)
+        self._open.clear()
+        for stream in self._streams.values():
+            if stream.header is not None:
+                self._add_weak(stream.header)
+                stream.header = None
+        if self._first_error is None:
+            if self._best is None and self._weak:
+                self._best = min(self._weak, key=lambda c: c.line_no)
+            if self._best is None and self._wrapper is not None:
+                self._best = self._wrapper
+            self._maybe_emit(out)
+        return out
+
+    # -- one line -------------------------------------------------------------------------------
+
+    def _line(self, ll: LogLine, out: list[PhaseFinding | ErrorFinding]) -> None:
+        key = (ll.proc, ll.src)
+        st = self._streams.get(key)
+        if st is None:
+            st = self._new_stream(key)
+        other = self._last_key_of_proc.get(ll.proc)
+        if other is not None and other != key:
+            # One process writes sequentially: a line of its other stream ends this one's message.
+            other_stream = self._streams.get(other)
+            if other_stream is not None:
+                self._end_message(other_stream)
+                self._resolve_header(other_stream, starts_traceback=False)
+        if len(self._last_key_of_proc) > _MAX_STREAMS:
+            self._last_key_of_proc.clear()  # pids churn in long logs; this only speeds up message ends
+        self._last_key_of_proc[ll.proc] = key
+        msg = ll.msg
+        tb = self._tb
+        if ll.level is not None and ll.level not in self._error_levels:
+            self._resolve_header(st, starts_traceback=False)
+            self._end_message(st)
+            st.frame_phase = None
+            self._quiet(ll, out)
+            st.recent.append(ll.display)
+            return
+        if st.header is not None:
+            self._resolve_header(st, starts_traceback=tb.start.match(msg) is not None)
+        if tb.start.match(msg):
+            self._end_message(st)
+            st.state = _FRAMES
+            st.frame_phase = None
+        elif tb.chain.match(msg) or not msg.strip():
+            self._end_message(st)
+            st.state = _IDLE
+            st.suppress = False
+        elif self.rules.line.code.match(msg):
+            # Source lines: a traceback's frames (also when an excerpt starts inside one).
+            if st.state == _MESSAGE:
+                self._continue_message(st, ll, match_rules=False)
+            else:
+                st.state = _FRAMES
+                self._frame(st, msg)
+        elif st.state == _FRAMES and tb.exception.match(msg):
+            self._exception(st, ll)
+        else:
+            if st.state == _MESSAGE:
+                self._continue_message(st, ll, match_rules=True)
+            else:
+                st.state = _IDLE  # anything else ends a run of frames that had no exception line
+                self._idle_line(st, ll)
+            self._quiet(ll, out)
+        st.recent.append(ll.display)
+
+    def _new_stream(self, key: tuple[str, str]) -> _Stream:
+        if len(self._streams) >= _MAX_STREAMS:
+            for old in list(self._streams)[: _MAX_STREAMS // 4]:
+                stream = self._streams.pop(old)
+                if stream.header is not None:
+                    self._add_weak(stream.header)
+        st = _Stream()
+        self._streams[key] = st
+        return st
+
+    def _frame(self, st: _Stream, msg: str) -> None:
+        if st.frame_phase is None and self.rules.frame_gate.search(msg):
+            for hint in self.rules.frame_hints:
+                if hint.pattern.search(msg):
+                    st.frame_phase = hint.phase
+                    break
+
+    def _match(self, msg: str) -> ErrorRule | None:
+        if not self._rule_gate.search(msg):
+            return None
+        for rule in self._rule_list:
+            if rule.pattern.search(msg):
+                return rule
+        return None
+
+    def _idle_line(self, st: _Stream, ll: LogLine) -> None:
+        """A line outside any traceback, at an error level or unlogged."""
+        msg = ll.msg
+        rule = self._match(msg)
+        if self._first_error is not None:
+            self._after_first(rule)
+            return
+        if rule is not None:
+            if rule.kind == "wrapper":
+                self._wrapped(rule, st, ll)
+            elif rule.kind == "benign":
+                st.suppress = rule.suppress_traceback
+            else:
+                cand = self._candidate(st, ll, _RULE, rule)
+                self._settle(cand)
+                if self._tb.standalone.match(msg):
+                    st.state, st.message_lines = _MESSAGE, 0
+            return
+        if self._tb.standalone.match(msg):
+            cand = self._candidate(st, ll, _GENERIC, None)
+            st.pending, st.state, st.message_lines = cand, _MESSAGE, 0
+            self._open.append(cand)
+        elif ll.level is not None and self._first_error is None:
+            # A logged error record's other lines are traceback content (collectors may strip the
+            # indentation), so they can place the error too.
+            self._frame(st, msg)
+            st.header = self._candidate(st, ll, _WEAK, None)
+
+    def _exception(self, st: _Stream, ll: LogLine) -> None:
+        """The line that ends a traceback."""
+        st.state, st.message_lines = _MESSAGE, 0
+        reservation, st.reservation = st.reservation, None
+        if reservation is not None:
+            self._open.remove(reservation)
+        if st.suppress:
+            st.suppress = False
+            return
+        msg = ll.msg
+        rule = self._match(msg)
+        if self._first_error is not None:
+            self._after_first(rule)
+            return
+        if rule is not None and rule.kind != "root":
+            if rule.kind == "wrapper":
+                self._wrapped(rule, st, ll)
+            return
+        tier = _RULE if rule is not None else _GENERIC
+        told = msg.partition(": ")[2].strip()
+        if reservation is not None and len(told) >= 8 and told in reservation.msg:
+            cand = reservation
+            cand.reserved, cand.tier, cand.rule = False, tier, rule
+            cand.groups = _groups(rule, msg)
+        else:
+            if reservation is not None:
+                self._add_weak(reservation)
+            cand = self._candidate(st, ll, tier, rule)
+        cand.frame_phase, st.frame_phase = st.frame_phase, None
+        if tier == _RULE:
+            self._settle(cand)
+        else:
+            st.pending = cand
+            self._open.append(cand)
+
+    def _after_first(self, rule: ErrorRule | None) -> None:
+        """Once the first error is out, a line matters only as a later OOM (the rule list holds only OOM
+        rules then, or none when the first error is itself the OOM)."""
+        if rule is not None:
+            self._last_oom_line = self._n
+
+    def _continue_message(self, st: _Stream, ll: LogLine, *, match_rules: bool) -> None:
+        """A line that may continue the exception message above it (refines a generic one's category)."""
+        st.message_lines += 1
+        cand = st.pending
+        if cand is not None and len(cand.after) < _CONTEXT_AFTER:
+            cand.after.append(ll.display)
+        if match_rules:
+            rule = self._match(ll.msg)
+            if rule is not None and rule.kind == "root":
+                if cand is not None and cand.refined is None:
+                    cand.refined = rule
+                    cand.groups = _groups(rule, ll.msg)
+                elif rule.category == "oom":
+                    self._last_oom_line = self._n
+        if st.message_lines >= self._tb.max_message_lines:
+            self._end_message(st)
+
+    def _end_message(self, st: _Stream) -> None:
+        if st.state == _MESSAGE:
+            st.state = _IDLE
+        cand, st.pending = st.pending, None
+        if cand is not None:
+            self._open.remove(cand)
+            self._settle(cand)
+
+    def _resolve_header(self, st: _Stream, *, starts_traceback: bool) -> None:
+        header, st.header = st.header, None
+        if header is None:
+            return
+        if starts_traceback and not st.suppress:
+            header.reserved = True
+            st.reservation = header
+            self._open.append(header)
+        else:
+            self._add_weak(header)
+
+    def _add_weak(self, cand: _Candidate) -> None:
+        cand.tier = _WEAK
+        if len(self._weak) < _MAX_WEAK:
+            self._weak.append(cand)
+
+    def _wrapped(self, rule: ErrorRule, st: _Stream, ll: LogLine) -> None:
+        if rule.phase is not None and _later(rule.phase, self._evidence_phase):
+            self._evidence_phase = rule.phase
+        if self._wrapper is None:
+            self._wrapper = self._candidate(st, ll, _WRAPPER, rule)
+
+    def _candidate(self, st: _Stream, ll: LogLine, tier: int, rule: ErrorRule | None) -> _Candidate:
+        context = next(reversed(self._contexts.values()), None) if self._contexts else None
+        return _Candidate(
+            line_no=self._n,
+            display=ll.display,
+            msg=ll.msg,
+            tier=tier,
+            rule=rule,
+            run_phase=self._run_phase(),
+            context=context,
+            before=tuple(st.recent),
+            key=(ll.proc, ll.src),
+            opened_at=self._n,
+            frame_phase=st.frame_phase,
+            groups=_groups(rule, ll.msg),
+        )
+
+    def _settle(self, cand: _Candidate) -> None:
+        """A strong candidate became certain: keep it if it is the earliest."""
+        category = self._category(cand) if cand.tier <= _GENERIC else None
+        if category == "oom":
+            self._last_oom_line = max(self._last_oom_line, cand.line_no)
+        if self._first_error is not None:
+            return
+        if self._best is None or cand.line_no < self._best.line_no:
+            self._best = cand
+
+    def _expire(self) -> None:
+        tb = self._tb
+        for cand in list(self._open):
+            waited = self._n - cand.opened_at
+            if cand.reserved and waited > tb.header_wait_lines:
+                self._open.remove(cand)
+                stream = self._streams.get(cand.key)
+                if stream is not None and stream.reservation is cand:
+                    stream.reservation = None
+                self._add_weak(cand)
+            elif not cand.reserved and waited > tb.max_wait_lines:
+                stream = self._streams.get(cand.key)
+                if stream is not None and stream.pending is cand:
+                    self._end_message(stream)
+                else:
+                    self._open.remove(cand)
+                    self._settle(cand)
+
+    def _maybe_emit(self, out: list[PhaseFinding | ErrorFinding]) -> None:
+        best = self._best
+        if best is None or any(c.line_no < best.line_no for c in self._open):
+            return
+        category = self._category(best)
+        phase = self._phase_of(best)
+        hint = self._hint(best, category)
+        secondary = self._secondary(best, category)
+        if secondary:
+            hint = (
+                f"{hint} {self.rules.secondary_oom_hint}".strip()
+                if category != "oom"
+                else (self.rules.secondary_oom_hint or hint)
+            )
+        finding = ErrorFinding(
+            phase=phase,
+            category=category,
+            line=best.display,
+            line_no=best.line_no,
+            context=(*best.before, best.display, *best.after),
+            secondary_oom=secondary,
+            signature=signature(self.rules, phase, category, best.msg),
+            hint=hint,
+        )
+        self._first_error = finding
+        self._emitted = best
+        self._open.clear()
+        self._weak.clear()
+        for stream in self._streams.values():
+            stream.header = stream.reservation = stream.pending = None
+        # From now on only a later OOM matters (it makes this one's OOM secondary).
+        self._rule_list = () if category == "oom" else tuple(r for r in self.rules.rules if r.category == "oom")
+        self._rule_gate = gate(r.pattern for r in self._rule_list)
+        out.append(finding)
+
+    # -- deciding phase, category, hint --------------------------------------------------------
+
+    def _run_phase(self) -> str | None:
+        if self._ready:
+            return "request"
+        phase = self._marker_phase
+        if _later(self._evidence_phase, phase):
+            phase = self._evidence_phase
+        return phase
+
+    def _phase_of(self, cand: _Candidate) -> str:
+        rule = cand.rule
+        if rule is not None and rule.phase_fixed and rule.phase is not None:
+            return rule.phase
+        if cand.tier == _WRAPPER:
+            return cand.run_phase or (rule.phase if rule else None) or self.rules.default_phase
+        return cand.frame_phase or cand.run_phase or (rule.phase if rule else None) or self.rules.default_phase
+
+    def _category(self, cand: _Candidate) -> str:
+        rules = self.rules
+        rule = cand.rule if cand.rule is not None else cand.refined
+        if rule is not None and rule.category is not None:
+            return rule.category
+        if cand.tier == _WRAPPER:
+            return rules.default_category
+        if cand.context is not None and cand.context.category is not None:
+            return cand.context.category
+        phase = self._phase_of(cand)
+        if rule is not None and phase in rule.category_by_phase:
+            return rule.category_by_phase[phase]
+        return rules.category_by_phase.get(phase, rules.default_category)
+
+    def _secondary(self, cand: _Candidate, category: str) -> bool:
+        if category == "oom":
+            rule = cand.rule
+            if rule is not None and rule.secondary_oom:
+                return True
+            return cand.context is not None and cand.context.secondary_oom
+        return cand.tier <= _GENERIC and self._last_oom_line > cand.line_no
+
+    def _hint(self, cand: _Candidate, category: str) -> str:
+        rule = cand.rule if cand.rule is not None else cand.refined
+        if rule is not None and rule.hint is not None:
+            try:
+                return rule.hint.format_map(cand.groups)
+            except KeyError:
+                pass
+        return self.rules.category_hint(category)
+
+    # -- markers and contexts -------------------------------------------------------------------
+
+    def _refresh_quiet(self) -> re.Pattern[str]:
+        """The gate for non-error lines: only markers that can still change something (a new phase, the
+        first sight of a phase, readiness, a new launch), the contexts' next edges and idle lines."""
+        rules = self.rules
+        self._active_markers = tuple(
+            m
+            for m in rules.markers
+            if m.reset
+            or (m.ready and not self._ready)
+            or m.phase not in self._phases_seen
+            or _later(m.phase, self._marker_phase)
+        )
+        patterns = [m.pattern for m in self._active_markers]
+        patterns += [c.end if c.name in self._contexts else c.start for c in rules.contexts]
+        if rules.idle is not None:
+            patterns.append(rules.idle)
+        self._quiet_gate = gate(patterns)
+        return self._quiet_gate
+
+    def _quiet(self, ll: LogLine, out: list[PhaseFinding | ErrorFinding]) -> None:
+        text = ll.text
+        if not self._quiet_gate.search(text):
+            return
+        rules = self.rules
+        if rules.idle is not None and rules.idle.search(text):
+            self._saw_idle = True
+        changed = False
+        for context in rules.contexts:
+            if context.name in self._contexts:
+                if context.end.search(text):
+                    del self._contexts[context.name]
+                    changed = True
+            elif context.start.search(text):
+                self._contexts[context.name] = context
+                changed = True
+        for marker in self._active_markers:
+            if marker.pattern.search(text):
+                self._marked(marker.phase, marker.reset, marker.ready, ll, out)
+                changed = True
+                break
+        if changed:
+            self._refresh_quiet()
+
+    def _marked(
+        self, phase: str, reset: bool, ready: bool, ll: LogLine, out: list[PhaseFinding | ErrorFinding]
+    ) -> None:
+        before = self._marker_phase
+        if reset:
+            self._marker_phase = phase
+            self._evidence_phase = None
+            self._ready = False
+            self._contexts.clear()
+        elif _later(phase, before):
+            self._marker_phase = phase
+        if ready:
+            self._ready = True
+        if phase not in self._phases_seen:
+            self._phases_seen.append(phase)
+        if self._marker_phase != before:
+            out.append(PhaseFinding(phase, ll.display, self._n))
+
+
+def _later(phase: str | None, than: str | None) -> bool:
+    if phase is None:
+        return False
+    return than is None or _PHASE_ORDER[phase] > _PHASE_ORDER[than]
+
+
+def _groups(rule: ErrorRule | None, msg: str) -> dict[str, str]:
+    if rule is None or not rule.pattern.groupindex:
+        return {}
+    match = rule.pattern.search(msg)
+    if match is None:
+        return {}
+    return {k: v for k, v in match.groupdict().items() if v is not None}

@@ -1,0 +1,114 @@
+"""`k3repro analyze PATH|- [--json]`: output forms and one-line refusals with exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from bot.commands import analyze
+
+ROOT = "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)"
+LOG = "\n".join(
+    [
+        "INFO 08-23 08:25:01 [core.py:77] Initializing a V1 LLM engine (v0.11.0) with config: model='m'",
+        "Traceback (most recent call last):",
+        '  File "/x/vllm/worker.py", line 132, in init_device',
+        "    init_worker_distributed_environment()",
+        ROOT,
+    ]
+)
+
+
+def run(path: str, *, as_json: bool = False) -> int:
+    return analyze.run(argparse.Namespace(path=path, json=as_json))
+
+
+def test_parser_registers_the_subcommand() -> None:
+    parser = argparse.ArgumentParser()
+    analyze.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["analyze", "-", "--json"])
+    assert (args.path, args.json, args.func) == ("-", True, analyze.run)
+
+
+def test_json_contract(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "vllm.log"
+    log.write_text(LOG)
+    assert run(str(log), as_json=True) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert list(out) == ["phase", "first_error", "category", "secondary_oom", "hint", "phases_seen", "signature"]
+    assert out["phase"] == "gpu_detect"
+    assert out["first_error"] == {"line": ROOT, "lineno": 5}
+    assert out["category"] == "nccl_comm"
+    assert out["secondary_oom"] is False
+    assert "NCCL_DEBUG=INFO" in out["hint"]
+    assert out["phases_seen"] == ["gpu_detect"]
+    assert out["signature"].startswith("gpu_detect:nccl_comm:RuntimeError: NCCL error")
+
+
+def test_human_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "vllm.log"
+    log.write_text(LOG)
+    assert run(str(log)) == 0
+    out = capsys.readouterr().out
+    for expected in ("phase:         gpu_detect", "category:      nccl_comm", f"line 5: {ROOT}", "secondary OOM: no"):
+        assert expected in out
+    assert "hint:" in out and f"  > {ROOT}" in out and "init_worker_distributed_environment" in out
+
+
+def test_healthy_log_exits_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "ok.log"
+    log.write_text("INFO:     Started server process [1]\nINFO:     Application startup complete.\n")
+    assert run(str(log), as_json=True) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["phase"], out["first_error"], out["category"], out["signature"]) == (None, None, None, "")
+    assert run(str(log)) == 0
+    assert capsys.readouterr().out.startswith("healthy")
+
+
+def test_standard_input(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(LOG.encode())))
+    assert run("-", as_json=True) == 0
+    assert json.loads(capsys.readouterr().out)["category"] == "nccl_comm"
+
+
+def refused(path: str, capsys: pytest.CaptureFixture[str]) -> str:
+    assert run(path) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("k3repro analyze: ")
+    return lines[0]
+
+
+def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert "No such file" in refused(str(tmp_path / "nope.log"), capsys)
+
+
+def test_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert "Is a directory" in refused(str(tmp_path), capsys)
+
+
+def test_unreadable_file(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    def deny(*_: object, **__: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(analyze, "analyze_path", deny)
+    assert "Permission denied" in refused(str(tmp_path / "x.log"), capsys)
+
+
+def test_binary_junk(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    junk = tmp_path / "core.bin"
+    junk.write_bytes(bytes(range(256)) * 64)
+    assert "binary data" in refused(str(junk), capsys)
+
+
+def test_oversized_input(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(analyze, "MAX_BYTES", 1 << 20)
+    big = tmp_path / "big.log"
+    big.write_text("INFO 01-01 00:00:00 [x.py:1] ok\n" * 70_000)
+    assert "larger than 1 MiB" in refused(str(big), capsys)

@@ -1,0 +1,83 @@
+"""rules.toml: every rule's example lines, and the loader's checks against the shared vocabulary."""
+
+from __future__ import annotations
+
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from protos.vocab import CATEGORIES, PHASES
+from runner.analyzer import RulesError, analyze_text, default_rules, load_rules
+from runner.analyzer.rules import ErrorRule, parse_rules
+
+RULES = default_rules()
+EXAMPLES = [(rule, example) for rule in RULES.rules for example in rule.examples]
+
+
+def shipped() -> dict[str, Any]:
+    return tomllib.loads(resources.files("runner.analyzer").joinpath("rules.toml").read_text(encoding="utf-8"))
+
+
+def test_every_rule_has_an_example() -> None:
+    assert [rule.id for rule in RULES.rules if not rule.examples] == []
+
+
+@pytest.mark.parametrize(("rule", "example"), EXAMPLES, ids=[f"{r.id}:{i}" for i, (r, _) in enumerate(EXAMPLES)])
+def test_example_is_matched_by_its_rule_first(rule: ErrorRule, example: str) -> None:
+    assert RULES.rule_gate.search(example)
+    first = next(r for r in RULES.rules if r.pattern.search(example))
+    assert first.id == rule.id
+
+
+@pytest.mark.parametrize(("rule", "example"), EXAMPLES, ids=[f"{r.id}:{i}" for i, (r, _) in enumerate(EXAMPLES)])
+def test_example_alone_is_analyzed_as_its_rule_says(rule: ErrorRule, example: str) -> None:
+    error = analyze_text(example).first_error
+    if rule.kind == "benign":
+        assert error is None
+        return
+    assert error is not None
+    assert error.line == example
+    if rule.category is not None:
+        assert error.category == rule.category
+    if rule.phase_fixed:
+        assert error.phase == rule.phase
+    assert error.phase in PHASES and error.category in CATEGORIES
+    assert error.secondary_oom == rule.secondary_oom
+
+
+def test_shipped_rules_cover_the_vocabulary() -> None:
+    assert set(RULES.hints) == {*CATEGORIES, "secondary_oom"}
+    assert {m.phase for m in RULES.markers} == set(PHASES) - {"container_init"}
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d["rule"][0].update(category="gpu_oom"), "unknown category 'gpu_oom'"),
+        (lambda d: d["marker"][0].update(phase="warmup"), "unknown phase 'warmup'"),
+        (lambda d: d["rule"][0].update(pattern="(unclosed"), "bad regex"),
+        (lambda d: d["rule"][0].update(kind="maybe"), "kind must be one of"),
+        (lambda d: d["rule"][1].update(id=d["rule"][0]["id"]), "duplicate rule ids"),
+        (lambda d: d["rule"][0].update(hint="use {nothing}"), "not a group of the pattern"),
+        (lambda d: d["hints"].pop("oom"), "no hint for categories: oom"),
+        (lambda d: d["defaults"].update(category_by_phase={"request": "http"}), "unknown category 'http'"),
+        (lambda d: d.update(version=2), "unsupported version"),
+    ],
+)
+def test_bad_rules_are_refused_with_the_entry_named(edit: Any, message: str) -> None:
+    data = shipped()
+    edit(data)
+    with pytest.raises(RulesError, match=message):
+        parse_rules(data)
+
+
+def test_load_rules_from_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "rules.toml"
+    path.write_text(resources.files("runner.analyzer").joinpath("rules.toml").read_text(encoding="utf-8"))
+    assert [r.id for r in load_rules(path).rules] == [r.id for r in RULES.rules]
+    path.write_text("version = [")
+    with pytest.raises(RulesError, match=str(path)):
+        load_rules(path)

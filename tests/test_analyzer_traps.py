@@ -1,0 +1,340 @@
+"""Hand-written logs for the traps of issue 3: wrappers after the root cause, interleaved ranks, secondary
+OOMs, phases from the error itself, prefixes, progress bars and collector wrappers."""
+
+from __future__ import annotations
+
+import pytest
+
+from runner.analyzer import analyze_text
+from tests.test_analyzer_support import traceback
+
+CORE = "(EngineCore_DP0 pid=68) "
+CORE_ERR = "(EngineCore_DP0 pid=68) ERROR 07-01 09:41:21 [core.py:936] "
+API = "(APIServer pid=1) "
+API_ERR = "(APIServer pid=1) ERROR 07-01 09:41:22 [async_llm.py:704] "
+STARTUP = [
+    f"{API}INFO 07-01 09:40:00 [utils.py:278] non-default args: {{'model': 'm', 'tensor_parallel_size': 2}}",
+    f"{CORE}INFO 07-01 09:40:05 [core.py:77] Initializing a V1 LLM engine (v0.11.0) with config: model='m'",
+    "(Worker_TP0 pid=70) INFO 07-01 09:40:09 [gpu_model_runner.py:2602] Starting to load model m...",
+    "(Worker_TP0 pid=70) INFO 07-01 09:41:00 [default_loader.py:267] Loading weights took 51.00 seconds",
+]
+NCCL_ROOT = "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)"
+ROOT_TB = traceback(CORE_ERR, ["run_engine_core", "init_device", "ncclCommInitRank"], NCCL_ROOT)
+ROOT_LINE = ROOT_TB[-1]
+
+WRAPPERS = {
+    "engine_dead": traceback(
+        API_ERR,
+        ["output_handler"],
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) "
+        "for the root cause.",
+    ),
+    "engine_core_init_failed": traceback(
+        API,
+        ["wait_for_engine_startup"],
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore_DP0': 1}",
+    ),
+    "workerproc_init_failed": [
+        "(Worker_TP1 pid=71) ERROR 07-01 09:41:23 [multiproc_executor.py:888] WorkerProc initialization failed.",
+        *traceback(
+            "(Worker_TP1 pid=71) ERROR 07-01 09:41:23 [multiproc_executor.py:888] ",
+            ["worker_main"],
+            "RuntimeError: WorkerProc initialization failed due to an exception in a background process.",
+        ),
+    ],
+    "executor_failed": traceback(CORE, ["_init_executor"], "RuntimeError: Executor failed."),
+    "ray_actor_died": [
+        "(RayWorkerWrapper pid=880, ip=10.0.0.2) ERROR 07-01 09:41:23 [worker_base.py:620] Error executing method "
+        "'init_device'. This might cause deadlock in distributed execution.",
+        "ray.exceptions.RayActorError: The actor died unexpectedly before finishing this task.",
+    ],
+    "nccl_watchdog": [
+        "[rank0]:[E701 09:51:21.000 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600012 milliseconds "
+        "before timing out.",
+    ],
+    "worker_died": [
+        f"{CORE}ERROR 07-01 09:41:24 [multiproc_executor.py:314] Worker proc VllmWorker-1 died unexpectedly "
+        "(exit code: -6), shutting down executor.",
+    ],
+}
+
+
+@pytest.mark.parametrize("wrapper", WRAPPERS.values(), ids=WRAPPERS.keys())
+def test_wrapper_after_the_root_cause_is_not_the_first_error(wrapper: list[str]) -> None:
+    result = analyze_text("\n".join([*STARTUP, *ROOT_TB, *wrapper]))
+    assert result.first_error is not None
+    assert result.first_error.line == ROOT_LINE
+    assert result.first_error.category == "nccl_comm"
+    assert result.first_error.phase == "gpu_detect"  # the init_device frame places it
+
+
+BEFORE = {k: v for k, v in WRAPPERS.items() if k != "nccl_watchdog"}  # a watchdog fires minutes later
+
+
+@pytest.mark.parametrize("wrapper", BEFORE.values(), ids=BEFORE.keys())
+def test_wrapper_printed_before_the_root_cause_is_not_the_first_error(wrapper: list[str]) -> None:
+    result = analyze_text("\n".join([*STARTUP, *wrapper, *ROOT_TB]))
+    assert result.first_error is not None
+    assert result.first_error.line == ROOT_LINE
+
+
+def test_a_wrapper_alone_is_reported_as_a_last_resort() -> None:
+    result = analyze_text("\n".join([*STARTUP, *WRAPPERS["worker_died"]]))
+    assert result.first_error is not None
+    assert result.first_error.line == WRAPPERS["worker_died"][0]
+    assert result.first_error.category == "other"
+
+
+def test_nccl_watchdog_alone_is_a_communication_failure() -> None:
+    result = analyze_text("\n".join(WRAPPERS["nccl_watchdog"]))
+    assert result.first_error is not None
+    assert result.first_error.category == "nccl_comm"
+
+
+def test_interleaved_ranks_earliest_root_cause_wins() -> None:
+    tp0 = traceback(
+        "(Worker_TP0 pid=70) ERROR 07-01 09:41:21 [multiproc_executor.py:949] ",
+        ["worker_main", "capture_model"],
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
+    )
+    tp1 = traceback(
+        "(Worker_TP1 pid=71) ERROR 07-01 09:41:21 [multiproc_executor.py:949] ",
+        ["worker_main", "capture_model"],
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+    )
+    # TP1's traceback starts later but its exception line comes first.
+    lines = [tp0[0], *tp1[:-1], tp1[-1], *tp0[1:]]
+    result = analyze_text("\n".join([*STARTUP, *lines]))
+    assert result.first_error is not None
+    assert result.first_error.line == tp1[-1]
+    assert (result.first_error.category, result.first_error.phase) == ("oom", "engine_init")
+    assert not result.first_error.secondary_oom
+
+
+def test_oom_after_a_different_first_error_is_secondary() -> None:
+    oom = traceback(
+        "(Worker_TP1 pid=71) ",
+        ["worker_main", "load_model"],
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 1 has a total capacity of 79 GiB",
+    )
+    result = analyze_text("\n".join([*STARTUP, *ROOT_TB, *oom]))
+    assert result.first_error is not None
+    assert result.first_error.line == ROOT_LINE
+    assert result.first_error.category == "nccl_comm"
+    assert result.first_error.secondary_oom
+    assert "nvidia-smi --query-compute-apps" in result.first_error.hint
+    assert result.to_json()["secondary_oom"] is True
+
+
+def test_free_memory_less_than_desired_is_a_secondary_oom_at_gpu_detect() -> None:
+    line = (
+        "(Worker pid=148) ERROR 07-01 02:36:18 [multiproc_executor.py:870] ValueError: Free memory on device "
+        "cuda:0 (22.35/23.56 GiB) on startup is less than desired GPU memory utilization (0.95, 22.38 GiB). "
+        "Decrease GPU memory utilization or reduce GPU memory used by other processes."
+    )
+    result = analyze_text(line)
+    assert result.to_json() | {"hint": None, "signature": None} == {
+        "phase": "gpu_detect",
+        "first_error": {"line": line, "lineno": 1},
+        "category": "oom",
+        "secondary_oom": True,
+        "hint": None,
+        "phases_seen": [],
+        "signature": None,
+    }
+    assert "other or leftover processes" in (result.first_error.hint if result.first_error else "")
+
+
+@pytest.mark.parametrize(
+    ("line", "phase", "category"),
+    [
+        (NCCL_ROOT, "gpu_detect", "nccl_comm"),
+        (
+            "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+            "when initializing the engine.",
+            "engine_init",
+            "kv_cache_capacity",
+        ),
+        ("OSError: [Errno 98] Address already in use", "api_listen", "port_in_use"),
+        (
+            "nvidia-container-cli: requirement error: unsatisfied condition: cuda>=12.8, please update your "
+            "driver to a newer version, or use an earlier cuda container: unknown",
+            "container_init",
+            "driver_cuda_init",
+        ),
+        (
+            'docker: Error response from daemon: could not select device driver "" with capabilities: [[gpu]].',
+            "container_init",
+            "driver_cuda_init",
+        ),
+    ],
+)
+def test_phase_from_the_error_itself_without_markers(line: str, phase: str, category: str) -> None:
+    result = analyze_text(line)
+    assert result.first_error is not None
+    assert (result.first_error.phase, result.first_error.category, result.first_error.line) == (phase, category, line)
+
+
+def test_address_in_use_is_api_listen_even_after_engine_markers() -> None:
+    port = traceback("", ["run_server", "create_server_socket"], "OSError: [Errno 98] Address already in use")
+    result = analyze_text("\n".join([*STARTUP, *port]))
+    assert result.first_error is not None
+    assert result.first_error.phase == "api_listen"
+    assert "leftover" in result.first_error.hint
+
+
+def test_nested_prefixes() -> None:
+    line = (
+        "(APIServer pid=1) (EngineCore_DP0 pid=68) ERROR 07-01 09:41:21 [core.py:936] "
+        "ValueError: No available memory for the cache blocks."
+    )
+    marker = "(APIServer pid=1) (EngineCore_DP0 pid=68) INFO 07-01 09:41:00 [gpu_worker.py:298] Available KV cache memory: 0.00 GiB"
+    result = analyze_text(f"{marker}\n{line}")
+    assert result.phases_seen == ("engine_init",)
+    assert result.first_error is not None
+    assert result.first_error.line == line
+    assert result.first_error.category == "kv_cache_capacity"
+
+
+def test_progress_bars_with_carriage_returns() -> None:
+    bars = "".join(f"\rCapturing CUDA graphs (decode, FULL): {p:3d}%|##| {p}/100 [00:01<00:00]" for p in (0, 50, 99))
+    lines = [
+        *STARTUP,
+        f"(Worker_TP0 pid=70) {bars}",
+        "(Worker_TP0 pid=70) \rLoading safetensors checkpoint shards: 100% Completed | 4/4 [00:02<00:00]",
+        "Failed: Cuda error /workspace/csrc/custom_all_reduce.cuh:164 'invalid argument'",
+    ]
+    result = analyze_text("\r\n".join(lines) + "\r\n")
+    assert result.first_error is not None
+    assert result.first_error.line == lines[-1]  # the CR of the Windows line end is not part of it
+    assert (result.first_error.phase, result.first_error.category) == ("engine_init", "cudagraph")
+    assert "--enforce-eager" in result.first_error.hint
+
+
+def test_ansi_colours_display_like_the_labels() -> None:
+    raw = "\x1b[1;36m(EngineCore_DP0 pid=114700)\x1b[0;0m ERROR 07-31 15:52:26 [core.py:708] RuntimeError: CUDA error: no kernel image is available for execution on the device"
+    result = analyze_text(raw)
+    assert result.first_error is not None
+    assert result.first_error.line == raw.split("\x1b[0;0m ")[1]
+    assert result.first_error.category == "ptx_toolchain"
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        "vllm-1  | {}",
+        "INFO 2025-11-19T20:16:36.096Z [resource.labels.containerName: vllm] {}",
+        "2025-11-19T20:16:36.096638074Z {}",
+    ],
+    ids=["docker-compose", "cloud-logging", "docker-logs-t"],
+)
+def test_collector_wrappers_are_stripped(wrap: str) -> None:
+    lines = [wrap.format(line) for line in [*STARTUP, *ROOT_TB]]
+    result = analyze_text("\n".join(lines))
+    assert result.phases_seen == ("gpu_detect", "weight_load", "engine_init")
+    assert result.first_error is not None
+    assert result.first_error.line == lines[-1]
+    assert result.first_error.category == "nccl_comm"
+
+
+def test_v0_error_header_repeating_the_exception_is_the_root_line() -> None:
+    err = "ERROR 04-18 14:47:42 engine.py:389] "
+    header = f"{err}Tensor parallel group could not be formed within 300 seconds."
+    lines = [
+        header,
+        *traceback(err, ["run_mp_engine"], "ValueError: Tensor parallel group could not be formed within 300 seconds."),
+    ]
+    result = analyze_text("\n".join(lines))
+    assert result.first_error is not None
+    assert result.first_error.line == header
+    assert result.first_error.category == "other"
+
+
+def test_error_header_not_repeating_the_exception_gives_the_exception_line() -> None:
+    err = "(APIServer pid=1) ERROR 08-18 19:58:43 [serving_chat.py:203] "
+    lines = [
+        "(APIServer pid=1) INFO:     Application startup complete.",
+        f"{err}Error in preprocessing prompt inputs",
+        *traceback(err, ["create_chat_completion"], "KeyError: 'messages'"),
+    ]
+    result = analyze_text("\n".join(lines))
+    assert result.first_error is not None
+    assert result.first_error.line == lines[-1]
+    assert (result.first_error.phase, result.first_error.category) == ("request", "request_error")
+
+
+def test_harmless_error_lines_keep_a_healthy_log_healthy() -> None:
+    lines = [
+        *STARTUP,
+        f"{CORE}ERROR 07-31 15:52:18 [fa_utils.py:57] Cannot use FA version 2 is not supported due to FA2 is only supported on devices with compute capability >= 8",
+        "(APIServer pid=1) ERROR 02-09 12:40:16 [repo_utils.py:47] Error retrieving safetensors: Repo id must use alphanumeric chars",
+        "(APIServer pid=1) INFO:     Application startup complete.",
+    ]
+    result = analyze_text("\n".join(lines))
+    assert result.healthy
+    assert result.first_error is None
+    assert result.to_json() == {
+        "phase": None,
+        "first_error": None,
+        "category": None,
+        "secondary_oom": False,
+        "hint": None,
+        "phases_seen": ["gpu_detect", "weight_load", "engine_init", "api_listen"],
+        "signature": "",
+    }
+
+
+def test_kv_cache_hint_names_the_estimated_max_model_len() -> None:
+    line = (
+        "ValueError: To serve at least one request with the model's max seq len (262144), (24.0 GiB KV cache is "
+        "needed, which is larger than the available KV cache memory (3.18 GiB). Based on the available memory, "
+        "the estimated maximum model length is 34736. Try increasing `gpu_memory_utilization`."
+    )
+    result = analyze_text(line)
+    assert result.first_error is not None
+    assert "--max-model-len 34736" in result.first_error.hint
+
+
+def test_driver_hint_points_at_the_cuda_ceiling() -> None:
+    result = analyze_text("RuntimeError: The NVIDIA driver on your system is too old (found version 12020).")
+    assert result.first_error is not None
+    assert (result.first_error.category, result.first_error.phase) == ("driver_cuda_init", "gpu_detect")
+    assert "CUDA ceiling" in result.first_error.hint
+
+
+def test_error_after_readiness_is_in_the_request_phase() -> None:
+    lines = [
+        *STARTUP,
+        "(APIServer pid=1) INFO:     Application startup complete.",
+        *traceback(
+            CORE_ERR,
+            ["run_busy_loop", "execute_model"],
+            "RuntimeError: CUDA error: an illegal memory access was encountered",
+        ),
+    ]
+    result = analyze_text("\n".join(lines))
+    assert result.first_error is not None
+    assert (result.first_error.phase, result.first_error.category) == ("request", "request_error")
+
+
+def test_oom_while_waking_from_sleep_mode_is_secondary() -> None:
+    lines = [
+        "(APIServer pid=1) INFO:     Application startup complete.",
+        "(APIServer pid=1) INFO 06-02 14:31:00 [api_router.py:39] wake up the engine with tags: None",
+        "CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:139",
+    ]
+    result = analyze_text("\n".join(lines))
+    assert result.first_error is not None
+    assert (result.first_error.category, result.first_error.secondary_oom) == ("oom", True)
+
+
+def test_new_launch_in_the_same_log_resets_the_phase() -> None:
+    lines = [
+        *STARTUP,
+        "INFO 06-20 20:03:41 [api_server.py:1287] vLLM API server version 0.9.1",
+        "ValueError: Something unexpected happened in the second launch",
+    ]
+    result = analyze_text("\n".join(lines))
+    assert result.first_error is not None
+    assert result.first_error.phase == "gpu_detect"
