@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -21,6 +22,9 @@ from runner.stages.single_request import PATHS
 from runner.vllm_cli import LaunchCommandError, ServeCommand, parse_launch_command
 
 log = logging.getLogger(__name__)
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+MAX_ARGV_TOKENS = 512
+MAX_BODY_BYTES = 256 * 1024
 
 
 class RunRejected(Exception):
@@ -51,8 +55,12 @@ class RunHub:
         """Everything that makes a request unacceptable, as one clear message."""
         if not self.accepting:
             raise RunRejected("UNAVAILABLE", "runner is shutting down")
-        if not request.run_id:
-            raise RunRejected("INVALID_ARGUMENT", "run_id is empty")
+        if not RUN_ID.fullmatch(request.run_id):
+            raise RunRejected("INVALID_ARGUMENT", "run_id must be 1-64 letters, digits, '.', '_' or '-'")
+        if len(request.launch_argv) > MAX_ARGV_TOKENS:
+            raise RunRejected("INVALID_ARGUMENT", f"launch command has over {MAX_ARGV_TOKENS} arguments")
+        if len(request.request.body_json.encode()) > MAX_BODY_BYTES:
+            raise RunRejected("INVALID_ARGUMENT", f"request body is over {MAX_BODY_BYTES // 1024} KiB")
         if request.cluster != self.config.cluster:
             raise RunRejected(
                 "INVALID_ARGUMENT",

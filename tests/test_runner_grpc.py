@@ -165,3 +165,34 @@ async def test_a_second_run_on_a_busy_runner_is_refused(certs: DevCerts, tmp_pat
             assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "busy with run r-a" in (caught.value.details() or "")
             first.cancel()
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (_start("../../etc/passwd"), "run_id must be 1-64 letters"),
+        (_start("r" * 65), "run_id must be 1-64 letters"),
+        (_start("r-big", KIMI_LAUNCH + " --seed 1" * 300), "over 512 arguments"),
+        (
+            pb.StartRunRequest(
+                run_id="r-body",
+                cluster="cluster-a",
+                image="vllm/vllm-openai:kimi-k3",
+                launch_argv=KIMI_LAUNCH.split(),
+                request=pb.FixedRequest(body_json='{"prompt": "' + "x" * 300_000 + '"}'),
+            ),
+            "request body is over 256 KiB",
+        ),
+    ],
+)
+async def test_oversized_or_malformed_requests_are_refused(
+    certs: DevCerts, tmp_path: Path, request_: pb.StartRunRequest, message: str
+) -> None:
+    async with running_runner(runner_data(certs, tmp_path)) as daemon:
+        async with open_channel(f"127.0.0.1:{daemon.port}", _tls(certs)) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                async for _ in pb_grpc.RunnerStub(channel).StartRun(request_, timeout=10):
+                    pass
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert message in (caught.value.details() or "")
+        assert daemon.journal.unfinished_runs() == [] and not daemon.hub.active
