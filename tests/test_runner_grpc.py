@@ -15,6 +15,8 @@ from bot.config import ClientTls
 from bot.runner_client import open_channel
 from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
+from runner.config import parse_runner_config
+from runner.daemon import RunnerDaemon
 from runner.tls import DevCerts
 from tests.k3fixtures import KIMI_LAUNCH, runner_data, running_runner
 
@@ -196,3 +198,20 @@ async def test_oversized_or_malformed_requests_are_refused(
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert message in (caught.value.details() or "")
         assert daemon.journal.unfinished_runs() == [] and not daemon.hub.active
+
+
+async def test_shutdown_reports_not_serving_then_cancels_runs(certs: DevCerts, tmp_path: Path) -> None:
+    data = runner_data(certs, tmp_path, scenario="healthy", speed=1)
+    daemon = RunnerDaemon(parse_runner_config(data, base=tmp_path, origin="test"))
+    await daemon.start()
+    async with open_channel(f"127.0.0.1:{daemon.port}", _tls(certs)) as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service="k3repro.v1.Runner"))
+        assert (await anext(aiter(watch))).status == health_pb2.HealthCheckResponse.SERVING
+        events = pb_grpc.RunnerStub(channel).StartRun(_start("r-shut"), timeout=60)
+        await anext(aiter(events))
+        stopping = asyncio.create_task(daemon.stop("runner shutting down (SIGTERM)", grace_s=2))
+        assert (await anext(aiter(watch))).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        rest = [e async for e in events if e.seq]
+        await stopping
+    assert rest[-1].run_finished.status == pb.RUN_STATUS_CANCELLED
+    assert rest[-1].run_finished.summary == "runner shutting down (SIGTERM)"
