@@ -55,6 +55,7 @@ async def test_failing_run_reports_phase_and_first_error(certs: DevCerts, tmp_pa
     ]
     assert stages == [
         (pb.STAGE_FREEZE, pb.STAGE_STATUS_OK),
+        (pb.STAGE_BASELINE, pb.STAGE_STATUS_OK),
         (pb.STAGE_MINIMAL_LAUNCH, pb.STAGE_STATUS_FAILED),
         (pb.STAGE_SINGLE_REQUEST, pb.STAGE_STATUS_SKIPPED),
     ]
@@ -205,3 +206,33 @@ async def test_notes_reach_the_next_runs_frozen_scene(certs: DevCerts, tmp_path:
     scene = next(e.artifact.content for e in recorder.events if e.artifact.name == "fingerprint")
     assert '"what": "driver 580.82 -> 580.95 on gpu-a1"' in scene
     assert '"by": "U1"' in scene
+
+
+async def test_dispatch_skips_busy_and_unreachable_runners(certs: DevCerts, tmp_path: Path) -> None:
+    async with (
+        running_runner(runner_data(certs, tmp_path / "r1", scenario="healthy", speed=1)) as busy,
+        running_runner(runner_data(certs, tmp_path / "r2", scenario="demo")) as idle,
+    ):
+        config = bot_config(
+            certs, tmp_path / "k3.db", ["127.0.0.1:9", f"127.0.0.1:{busy.port}", f"127.0.0.1:{idle.port}"]
+        )
+        busy.hub.start(
+            pb.StartRunRequest(
+                run_id="elsewhere",
+                cluster="cluster-a",
+                image="vllm/vllm-openai:kimi-k3",
+                launch_argv=KIMI_LAUNCH.split(),
+            )
+        )
+        store = AsyncStore(config.store)
+        core = Coordinator(config, store)
+        states = {state.address: state for _, state in await core.runners("cluster-a")}
+        assert states["127.0.0.1:9"].description is None and states["127.0.0.1:9"].error
+        assert list(states[f"127.0.0.1:{busy.port}"].description.active_run_ids) == ["elsewhere"]  # type: ignore[union-attr]
+        assert states[f"127.0.0.1:{idle.port}"].idle
+        started = await core.start("cluster-a", "U1")
+        assert started.runner == f"127.0.0.1:{idle.port}"
+        finished = await core.follow(started, Recorder())
+        store.close()
+        await busy.hub.cancel("elsewhere", "test over")
+    assert finished.status == pb.RUN_STATUS_COMPLETED
