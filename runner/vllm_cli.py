@@ -43,6 +43,7 @@ class FlagSpec:
     step: str
     aliases: tuple[str, ...] = ()
     choices: tuple[str, ...] = ()
+    off_in_minimal: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ def flag_table() -> FlagTable:
             step=row["step"],
             aliases=tuple(row.get("aliases", ())),
             choices=tuple(row.get("choices", ())),
+            off_in_minimal=bool(row.get("off_in_minimal", False)),
         )
         flags[spec.name] = spec
     spellings: dict[str, tuple[FlagSpec, bool]] = {}
@@ -143,6 +145,14 @@ class ServeCommand:
     def keep_steps(self, steps: set[str]) -> ServeCommand:
         """The command with only the flags of the given steps."""
         return replace(self, options=tuple(o for o in self.options if o.spec.step in steps))
+
+    def minimal(self) -> ServeCommand:
+        """What is needed to load the model, with default-on features that a ladder step adds turned off."""
+        command = self.keep_steps({"essential"})
+        for spec in flag_table().flags.values():
+            if spec.off_in_minimal:
+                command = command.with_flag(spec.name, False)
+        return command
 
     def with_flag(self, name: str, value: str | bool = True) -> ServeCommand:
         """The command with `name` set to `value`, replacing earlier occurrences."""

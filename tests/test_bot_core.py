@@ -61,6 +61,7 @@ async def test_failing_run_reports_phase_and_first_error(certs: DevCerts, tmp_pa
     ]
     minimal = next(e.artifact.content for e in recorder.events if e.artifact.name == "minimal_command")
     assert "--tool-call-parser" not in minimal and "--tensor-parallel-size 8" in minimal
+    assert "--no-enable-prefix-caching" in minimal
     run = Store(config.store).get_run(started.run_id)
     assert (run["status"], run["decision"]) == ("completed", "continue")
     assert "gpu_detect" in run["summary"]

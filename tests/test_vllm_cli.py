@@ -16,10 +16,15 @@ KIMI = (
 
 def test_minimal_command_keeps_only_what_loads_the_model() -> None:
     command = parse_launch_command(shlex.split(KIMI))
-    minimal = command.keep_steps({"essential"})
-    assert minimal.shell_line() == (
+    assert command.keep_steps({"essential"}).shell_line() == (
         "vllm serve moonshotai/Kimi-K3 --tensor-parallel-size 8 --trust-remote-code --load-format fastsafetensors"
     )
+    # prefix caching is on by default in vLLM V1: the minimal launch turns it off so its ladder step adds it back
+    assert command.minimal().shell_line() == (
+        "vllm serve moonshotai/Kimi-K3 --tensor-parallel-size 8 --trust-remote-code --load-format fastsafetensors"
+        " --no-enable-prefix-caching"
+    )
+    assert command.minimal().value("--enable-prefix-caching") is False
     assert shlex.split(command.shell_line()) == shlex.split(KIMI)
 
 

@@ -20,7 +20,7 @@ POLL_S = 0.25
 async def run(ctx: RunContext) -> StageResult:
     host = ctx.config.engine.launch_host
     port = free_port(host)
-    command = ctx.command.keep_steps({"essential"}).with_flag("--host", host).with_flag("--port", str(port))
+    command = ctx.command.minimal().with_flag("--host", host).with_flag("--port", str(port))
     line = shlex.join(redactor().argv(command.argv()))
     await ctx.artifact("minimal_command", line)
     await ctx.check(pb.CHECKLIST_ID_MINIMAL_COMMAND_ONE_LINE, pb.CHECKLIST_STATE_HOLDS, line)
