@@ -26,6 +26,8 @@ class EngineConfig:
     stall_timeout_s: float = 300.0
     request_timeout_s: float = 120.0
     stop_grace_s: float = 10.0
+    failure_attempts: int = 2  # a failure is attempted this many times in all, to show it repeats at one place
+    foreign_memory_wait_s: float = 0.0  # before a launch, wait this long for other processes' GPU memory to drain
     sim_scenario: str = ""  # sim backend only: a built-in scenario name or a path
     sim_speed: float = 1.0
 
@@ -40,6 +42,7 @@ class RunnerConfig:
     allowed_images: tuple[str, ...] = ()
     max_concurrent_runs: int = 1
     heartbeat_s: float = 5.0
+    baseline_dirs: tuple[Path, ...] = ()  # site baseline profiles (<name>.toml), before the shipped ones
     tls: TlsFiles | None = None
     engine: EngineConfig = field(default_factory=EngineConfig)
 
@@ -82,6 +85,8 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
         stall_timeout_s=engine_reader.number("stall_timeout_s", defaults.stall_timeout_s),
         request_timeout_s=engine_reader.number("request_timeout_s", defaults.request_timeout_s),
         stop_grace_s=engine_reader.number("stop_grace_s", defaults.stop_grace_s),
+        failure_attempts=max(1, int(engine_reader.number("failure_attempts", defaults.failure_attempts))),
+        foreign_memory_wait_s=engine_reader.number("foreign_memory_wait_s", defaults.foreign_memory_wait_s),
         sim_scenario=scenario,
         sim_speed=sim_reader.number("speed", defaults.sim_speed),
     )
@@ -94,6 +99,7 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
         allowed_images=tuple(reader.texts("allowed_images")),
         max_concurrent_runs=int(reader.number("max_concurrent_runs", 1)),
         heartbeat_s=reader.number("heartbeat_s", 5.0),
+        baseline_dirs=tuple(base / d for d in reader.texts("baseline_dirs")),
         tls=tls,
         engine=engine,
     )

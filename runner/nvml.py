@@ -34,6 +34,7 @@ class NvmlView:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        data["gpu_count"] = len(self.gpus) if self.available else None
         data["gpus"] = [asdict(g) for g in self.gpus]
         data["processes"] = [asdict(p) for p in self.processes]
         return data
@@ -85,10 +86,15 @@ def _read_initialised(pynvml: Any) -> NvmlView:
     return NvmlView(
         available=True,
         driver_version=str(pynvml.nvmlSystemGetDriverVersion()),
-        cuda_driver_version=f"{cuda // 1000}.{cuda % 1000 // 10}",
+        cuda_driver_version=cuda_version_text(cuda),
         gpus=tuple(gpus),
         processes=tuple(processes),
     )
+
+
+def cuda_version_text(cuda: int) -> str:
+    """NVML's and torch's integer CUDA version as people write it: 13000 -> "13.0", 12090 -> "12.9"."""
+    return f"{cuda // 1000}.{cuda % 1000 // 10}"
 
 
 def _process_name(pid: int) -> str:

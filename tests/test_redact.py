@@ -1,16 +1,38 @@
 from __future__ import annotations
 
-from runner.redact import MASK, redactor
+import re
+
+import pytest
+
+from runner.redact import KEY_ENV, PLACEHOLDER, Redactor, redactor
+
+HF = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz012345"
+OPENAI = "sk-proj-" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6"
+SLACK = "xoxb-" + "1234567890-0987654321-AbCdEfGhIjKlMnOpQrStUvWx"
+GITHUB = "ghp_" + "0123456789abcdefghijABCDEFGHIJ012345"
 
 
-def test_tokens_in_text_are_masked() -> None:
+def secrets_left(text: str) -> list[str]:
+    return [
+        s
+        for s in (HF, OPENAI, SLACK, GITHUB, "hunter2-prod", "s3cr3t-pa55", "eyJhbGciOiJIUzI1NiJ9.payload")
+        if s in text
+    ]
+
+
+def test_tokens_in_log_lines_are_masked() -> None:
     r = redactor()
-    line = "HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123 curl -H 'Authorization: Bearer abc.def.ghi123' https://u:pw@h/x"
-    out = r.line(line)
-    assert "hf_abcdefghijklmnopqrstuvwxyz0123" not in out
-    assert "abc.def.ghi123" not in out
-    assert "u:pw@" not in out and f"u:{MASK}@" in out
-    assert r.line("xoxb-1234567890-abcdefghij posted") == f"{MASK} posted"
+    lines = [
+        f"(APIServer pid=1) INFO 11-30 09:00:00 [api_server.py:1] args: hf_token='{HF}', api_key='{OPENAI}'",
+        f"curl -H 'Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.payload' -H 'x-slack: {SLACK}' https://x",
+        "HUGGING_FACE_HUB_TOKEN=" + HF + " git clone https://oauth2:" + GITHUB + "@github.com/org/repo",
+        "connecting to postgres://k3repro:hunter2-prod@db.internal:5432/runs",
+        "password: s3cr3t-pa55",
+    ]
+    out = "\n".join(r.line(line) for line in lines)
+    assert secrets_left(out) == []
+    assert "postgres://k3repro:[REDACTED:" in out and "@db.internal:5432/runs" in out
+    assert out.count("[REDACTED:") >= 7
 
 
 def test_ordinary_log_lines_are_untouched() -> None:
@@ -20,8 +42,48 @@ def test_ordinary_log_lines_are_untouched() -> None:
 
 def test_secret_flags_and_env_are_masked() -> None:
     r = redactor()
-    assert r.argv(["vllm", "serve", "m", "--api-key", "s3cret", "--hf-token=hf_x", "--port", "8000"]) == [
-        "vllm", "serve", "m", "--api-key", MASK, f"--hf-token={MASK}", "--port", "8000",
-    ]  # fmt: skip
-    env = r.env({"HF_TOKEN": "x", "SLACK_SIGNING_SECRET": "y", "CUDA_VISIBLE_DEVICES": "0,1", "NCCL_DEBUG": "INFO"})
-    assert env == {"HF_TOKEN": MASK, "SLACK_SIGNING_SECRET": MASK, "CUDA_VISIBLE_DEVICES": "0,1", "NCCL_DEBUG": "INFO"}
+    argv = r.argv(["vllm", "serve", "m", "--api-key", "hunter2-prod", f"--hf-token={HF}", "--port", "8000"])
+    assert argv[:4] == ["vllm", "serve", "m", "--api-key"] and argv[6:] == ["--port", "8000"]
+    assert PLACEHOLDER.fullmatch(argv[4]) and re.fullmatch(r"--hf-token=\[REDACTED:[0-9a-f]{8}\]", argv[5])
+    env = r.env(
+        {
+            "HF_TOKEN": HF,
+            "SLACK_SIGNING_SECRET": "abc",
+            "VLLM_API_KEY": "hunter2-prod",
+            "AWS_SECRET_ACCESS_KEY": "x",
+            "NCCL_SOCKET_IFNAME": "eth0",
+            "NCCL_IB_PKEY": "0x8001",  # an InfiniBand partition key is configuration, not a secret
+            "OPENAI_APIKEY": "hunter2-prod",
+            "CUDA_VISIBLE_DEVICES": "0,1",
+            "HTTPS_PROXY": "http://me:s3cr3t-pa55@proxy:3128",
+        }
+    )
+    assert secrets_left(str(env)) == []
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert env["NCCL_IB_PKEY"] == "0x8001"
+    assert all(PLACEHOLDER.fullmatch(env[k]) for k in ("HF_TOKEN", "SLACK_SIGNING_SECRET", "VLLM_API_KEY"))
+
+
+def test_placeholders_are_stable_so_redacted_scenes_still_diff() -> None:
+    r = redactor()
+    first, again, other = r.mask(HF), r.env({"HF_TOKEN": HF})["HF_TOKEN"], r.mask(HF + "x")
+    assert first == again != other
+    # the same secret in argv, env and a log line gets the same placeholder
+    assert r.argv(["--hf-token", HF])[1] == first and first in r.line(f"token={HF}")
+    # redacting twice changes nothing (fingerprints pass through the redactor more than once)
+    assert r.line(r.line(f"Authorization: Bearer {OPENAI}")) == r.line(f"Authorization: Bearer {OPENAI}")
+    assert r.env(r.env({"HF_TOKEN": HF})) == r.env({"HF_TOKEN": HF})
+
+
+def test_a_shared_key_makes_placeholders_equal_across_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(KEY_ENV, "site-key")
+    redactor.cache_clear()
+    try:
+        a = redactor()
+        redactor.cache_clear()
+        b = redactor()
+        assert a is not b and a.mask(HF) == b.mask(HF)
+    finally:
+        redactor.cache_clear()
+    plain = Redactor(a.env_names, a.secret_flags, a.text, b"another key")
+    assert plain.mask(HF) != a.mask(HF)  # without the key, the placeholder says nothing about the secret

@@ -6,6 +6,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from runner.fingerprint import Target
+from runner.nvml import NvmlSource
+
 
 @dataclass(frozen=True)
 class LogLine:
@@ -30,5 +33,10 @@ class RunningEngine(Protocol):
 
 class EngineBackend(Protocol):
     name: str
+    nvml: NvmlSource  # what this backend's GPUs look like through NVML
+
+    def probe_target(self, argv: list[str], image: str) -> Target | None:
+        """What freeze probes for the versions that would load: the image, or the Python behind argv."""
+        ...
 
     async def launch(self, argv: list[str], *, run_id: str, image: str) -> RunningEngine: ...

@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from runner.engines.base import LogLine
+from runner.fingerprint import PythonTarget
+from runner.nvml import NvmlSource, PynvmlSource
 
 RUN_ID_ENV = "K3REPRO_RUN_ID"  # marks every process we start, so a restarted runner can find leftovers
 _LINE_LIMIT = 1 << 20
@@ -74,6 +78,24 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 
 class ProcessBackend:
     name = "process"
+
+    def __init__(self, nvml: NvmlSource | None = None) -> None:
+        self.nvml: NvmlSource = nvml or PynvmlSource()
+
+    def probe_target(self, argv: list[str], image: str) -> PythonTarget | None:
+        """The Python that runs the command: its program when that is a Python, else its shebang's."""
+        program = shutil.which(argv[0]) if argv else None
+        if program is None:
+            return None
+        if Path(program).name.startswith("python"):
+            return PythonTarget(program)
+        try:
+            with open(program, "rb") as handle:
+                first = handle.readline(256).decode("utf-8", "replace")
+        except OSError:
+            return None
+        interpreter = first[2:].split()[0] if first.startswith("#!") and first[2:].split() else ""
+        return PythonTarget(interpreter) if Path(interpreter).name.startswith("python") else None
 
     def environment(self, run_id: str) -> dict[str, str]:
         return {**os.environ, RUN_ID_ENV: run_id}

@@ -1,4 +1,5 @@
-"""The simulator as an engine: the same process handling, with vllm-sim standing in for `vllm serve`."""
+"""The simulator as an engine: the same process handling, with vllm-sim standing in for `vllm serve`, and the
+scenario's [host] standing in for NVML, so no stage knows it talks to the simulator."""
 
 from __future__ import annotations
 
@@ -6,7 +7,47 @@ import sys
 from importlib import resources
 
 from runner.engines.process import ProcessBackend
+from runner.fingerprint import PythonTarget
+from runner.nvml import GpuInfo, GpuProcess, NvmlView, cuda_version_text
+from runner.sim.catalog import catalog
+from runner.sim.scenario import load_scenario
+from runner.toml_reader import ConfigError
 from runner.vllm_cli import split_program
+
+_MIB_PER_GIB = 1024
+FOREIGN_PID = 4242  # the simulated leftover process holding memory on every GPU
+
+
+class ScenarioNvml:
+    """NVML as the simulated host would answer it: the scenario's [host] facts."""
+
+    def __init__(self, scenario: str) -> None:
+        self.scenario = scenario
+
+    def read(self) -> NvmlView:
+        try:
+            host = load_scenario(self.scenario or None, catalog().phases()).host
+        except ConfigError as exc:
+            return NvmlView(available=False, error=f"NVML init failed: {exc}")
+        foreign = int(host.foreign_memory_gib * _MIB_PER_GIB)
+        gpus = tuple(
+            GpuInfo(
+                index=index,
+                name=host.gpu_name,
+                uuid=f"GPU-{index:08x}-0000-4000-8000-000000000000",
+                memory_total_mib=int(host.gpu_memory_gib * _MIB_PER_GIB),
+                memory_used_mib=foreign,
+            )
+            for index in range(host.gpu_count)
+        )
+        processes = tuple(GpuProcess(FOREIGN_PID, gpu.index, foreign, "python3") for gpu in gpus if foreign)
+        return NvmlView(
+            available=True,
+            driver_version=host.driver_version,
+            cuda_driver_version=cuda_version_text(host.cuda_driver_version),
+            gpus=gpus,
+            processes=processes,
+        )
 
 
 class SimBackend(ProcessBackend):
@@ -15,6 +56,10 @@ class SimBackend(ProcessBackend):
     def __init__(self, scenario: str, speed: float) -> None:
         self.scenario = _scenario_path(scenario) if scenario else ""
         self.speed = speed
+        super().__init__(ScenarioNvml(self.scenario))
+
+    def probe_target(self, argv: list[str], image: str) -> PythonTarget:
+        return PythonTarget(sys.executable)  # the Python that runs vllm-sim
 
     def environment(self, run_id: str) -> dict[str, str]:
         env = super().environment(run_id)

@@ -23,6 +23,7 @@ STARTUP_PHASES = PHASES[:-1]
 
 @dataclass(frozen=True)
 class Host:
+    driver_version: str
     gpu_count: int
     gpu_name: str
     gpu_memory_gib: float

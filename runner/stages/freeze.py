@@ -2,63 +2,65 @@
 
 from __future__ import annotations
 
-import os
-import platform
-import socket
-from pathlib import Path
+import asyncio
 from typing import Any
 
 from protos import runner_pb2 as pb
-from runner.nvml import PynvmlSource
-from runner.redact import redactor
+from runner.fingerprint import Change, collect
 from runner.stages.context import RunContext, StageResult
 
-ENV_PREFIXES = ("CUDA_", "NCCL_", "VLLM_", "HF_", "NVIDIA_", "TORCH_", "PYTORCH_")
-
-
-def host_facts() -> dict[str, Any]:
-    return {"hostname": socket.gethostname(), "os": _os_name(), "kernel": platform.release()}
-
-
-def _os_name() -> str | None:
-    try:
-        for line in Path("/etc/os-release").read_text(encoding="utf-8").splitlines():
-            key, _, value = line.partition("=")
-            if key == "PRETTY_NAME":
-                return value.strip().strip('"')
-    except OSError:
-        return None
-    return None
-
-
-def relevant_env() -> dict[str, str]:
-    return redactor().env({k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)})
+HOLDS, PENDING = pb.CHECKLIST_STATE_HOLDS, pb.CHECKLIST_STATE_PENDING
 
 
 async def run(ctx: RunContext) -> StageResult:
-    nvml = PynvmlSource().read()
-    host = host_facts()
-    scene: dict[str, Any] = {
-        "host": host,
-        "nvml": nvml.to_json(),
-        "image": {"ref": ctx.request.image},
-        "env": relevant_env(),
-        "launch": {"argv": redactor().argv(ctx.command.argv())},
-        "changes": [{"at": c.at, "what": redactor().line(c.what), "by": c.by} for c in ctx.request.changes],
-    }
+    argv = ctx.command.argv()
+    target = ctx.backend.probe_target(argv, ctx.request.image)
+    changes = [Change(c.at, c.what, c.by) for c in ctx.request.changes]
+    scene = await asyncio.to_thread(collect, ctx.backend.nvml, target, argv=argv, changes=changes)
+    ctx.fingerprint = scene
     await ctx.artifact("fingerprint", scene)
-    if nvml.available:
-        gpus = f"{len(nvml.gpus)} GPU(s)"
-        await ctx.check(
-            pb.CHECKLIST_ID_HOST_DRIVER_RECORDED,
-            pb.CHECKLIST_STATE_HOLDS,
-            f"driver {nvml.driver_version} (CUDA {nvml.cuda_driver_version}), {gpus}",
-        )
-        driver = f"driver {nvml.driver_version}, {gpus}"
+    nvml, runtime = scene["nvml"], scene["runtime"]
+    if nvml["available"]:
+        driver = f"driver {nvml['driver_version']} (CUDA {nvml['cuda_driver_version']}), {nvml['gpu_count']} GPU(s)"
+        await ctx.check(pb.CHECKLIST_ID_HOST_DRIVER_RECORDED, HOLDS, driver)
     else:
-        await ctx.check(pb.CHECKLIST_ID_HOST_DRIVER_RECORDED, pb.CHECKLIST_STATE_PENDING, nvml.error or "")
-        driver = f"NVML unavailable ({nvml.error})"
+        driver = f"NVML unavailable ({nvml['error']})"
+        await ctx.check(pb.CHECKLIST_ID_HOST_DRIVER_RECORDED, PENDING, nvml["error"] or "")
+    smi = runtime["container_nvidia_smi"] or {}
+    if smi.get("available"):
+        view = f"nvidia-smi ({runtime['source']}): driver {smi['driver_version']}, {smi['gpu_count']} GPU(s)"
+        await ctx.check(pb.CHECKLIST_ID_CONTAINER_GPU_VIEW_RECORDED, HOLDS, view)
+    else:
+        reason = smi.get("error") or runtime["error"] or "nvidia-smi did not run"
+        await ctx.check(pb.CHECKLIST_ID_CONTAINER_GPU_VIEW_RECORDED, PENDING, f"no GPU view: {reason}")
+    pinned, evidence = _pinned(scene)
+    await ctx.check(pb.CHECKLIST_ID_IMAGE_AND_VERSIONS_PINNED, HOLDS if pinned else PENDING, evidence)
+    host = scene["host"]
     return StageResult(
         pb.STAGE_STATUS_OK,
-        f"{host['hostname']} · {host['os']} · kernel {host['kernel']} · {driver} · image {ctx.request.image}",
+        f"{host['hostname']} · {host['os']} · kernel {host['kernel']} · {driver} · {_loads(runtime)} · "
+        f"image {ctx.request.image} · sha256 {scene['sha256'][:12]}",
     )
+
+
+def _loads(runtime: dict[str, Any]) -> str:
+    versions = [
+        f"{name} {runtime[key]}" for name, key in (("vLLM", "vllm"), ("torch", "torch"), ("CUDA", "cuda_runtime"))
+    ]
+    found = [v for v in versions if not v.endswith(" None")]
+    return ("loads " + ", ".join(found)) if found else f"versions unknown ({runtime['error'] or 'no vLLM found'})"
+
+
+def _pinned(scene: dict[str, Any]) -> tuple[bool, str]:
+    """The image by digest and the vLLM version that loads: what makes the scene re-creatable."""
+    vllm = scene["runtime"]["vllm"]
+    image = scene["image"]
+    missing = [] if vllm else ["vLLM version unknown"]
+    digest = None
+    if image is not None:
+        digest = image["ref"] if image["pinned"] else next(iter(image["repo_digests"] or []), None)
+        if digest is None:
+            missing.append(f"image {image['ref']} has no digest ({image['error'] or 'built or imported locally'})")
+    if missing:
+        return False, "; ".join(missing)
+    return True, f"vLLM {vllm}" + (f" · {digest}" if digest else " · bare-metal install")
