@@ -38,6 +38,23 @@ class ClusterConfig:
     launch_argv: tuple[str, ...]
     profile: str = ""
     request: FixedRequestConfig = FixedRequestConfig()
+    channels: tuple[str, ...] = ()  # Slack channel ids where runs may be started; none: nowhere
+    operators: tuple[str, ...] = ()  # Slack user ids (U…/W…) and user-group ids (S…) who may start, cancel, rerun
+
+
+@dataclass(frozen=True)
+class SlackConfig:
+    """The Slack app's credentials and pacing; secrets may come from the environment instead of the file."""
+
+    bot_token: str
+    signing_secret: str
+    app_token: str = ""  # xapp-…: Socket Mode instead of HTTP
+    api_url: str = "https://slack.com/api/"
+    listen: str = "0.0.0.0:3000"  # HTTP: Slack's request URL, /healthz and /metrics
+    command: str = "/k3repro"
+    post_interval_s: float = 1.0  # chat.postMessage per channel (Slack: about 1 per second)
+    update_interval_s: float = 1.2  # chat.update, workspace-wide (Tier 3: about 50 per minute)
+    timeout_s: float = 10.0  # one Web API call; a time-out is retried by the outbox
 
 
 @dataclass(frozen=True)
@@ -47,6 +64,7 @@ class BotConfig:
     tls: ClientTls | None = None
     connect_timeout_s: float = 5.0
     reconnect_for_s: float = 600.0  # how long a lost runner stream is retried before the run is marked lost
+    slack: SlackConfig | None = None
 
     def cluster(self, name: str) -> ClusterConfig:
         try:
@@ -86,6 +104,30 @@ def parse_bot_config(data: dict[str, Any], *, base: Path, origin: str) -> BotCon
         tls=tls,
         connect_timeout_s=reader.number("connect_timeout_s", 5.0),
         reconnect_for_s=reader.number("reconnect_for_s", 600.0),
+        slack=_slack(TomlReader(slack, f"{origin} [slack]")) if (slack := reader.table("slack")) else None,
+    )
+
+
+SLACK_SECRETS = {
+    "bot_token": "SLACK_BOT_TOKEN",
+    "signing_secret": "SLACK_SIGNING_SECRET",
+    "app_token": "SLACK_APP_TOKEN",
+}
+
+
+def _slack(reader: TomlReader) -> SlackConfig:
+    secrets = {key: reader.text(key, "") or os.environ.get(env, "") for key, env in SLACK_SECRETS.items()}
+    for key in ("bot_token", "signing_secret"):
+        if not secrets[key]:
+            raise ConfigError(f"{reader.origin}: {key!r} is not set (nor ${SLACK_SECRETS[key]})")
+    return SlackConfig(
+        **secrets,
+        api_url=reader.text("api_url", SlackConfig.api_url),
+        listen=reader.text("listen", SlackConfig.listen),
+        command=reader.text("command", SlackConfig.command),
+        post_interval_s=reader.number("post_interval_s", SlackConfig.post_interval_s),
+        update_interval_s=reader.number("update_interval_s", SlackConfig.update_interval_s),
+        timeout_s=reader.number("timeout_s", SlackConfig.timeout_s),
     )
 
 
@@ -119,4 +161,6 @@ def _cluster(name: str, reader: TomlReader) -> ClusterConfig:
         request=FixedRequestConfig(
             api=request.text("api", "chat"), body_json=body_json, repeats=int(request.number("repeats", 3))
         ),
+        channels=tuple(reader.texts("channels")),
+        operators=tuple(reader.texts("operators")),
     )

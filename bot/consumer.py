@@ -19,6 +19,7 @@ from protos import runner_pb2_grpc as pb_grpc
 from protos.vocab import to_id
 
 EventCallback = Callable[[pb.RunEvent], Awaitable[None]]
+ReconnectCallback = Callable[[str], Awaitable[None]]
 BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 STREAM_IDLE_S = 60.0  # no event and no heartbeat for this long: the stream is dead even if TCP says otherwise
 REFUSALS = {
@@ -46,7 +47,7 @@ async def follow_run(
     address: str,
     on_event: EventCallback,
     start: pb.StartRunRequest | None = None,
-    on_reconnect: Callable[[str], Awaitable[None]] | None = None,
+    on_reconnect: ReconnectCallback | None = None,
 ) -> pb.RunFinished:
     """Streams the run until it finishes. `start` given: the run is started first (safe to resend)."""
     lost_since: float | None = None

@@ -1,10 +1,11 @@
-"""`k3repro-bot`: the bot process. Today it resumes runs after a restart; the Slack front-end plugs in here."""
+"""`k3repro-bot`: the bot process. `serve` runs the Slack bot; `resume` only follows the active runs to their end."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -46,15 +47,33 @@ async def resume_all(config_file: Path) -> int:
     return 0 if all(results) else 1
 
 
+async def serve(config_file: Path) -> int:
+    """The Slack bot until SIGTERM/SIGINT; runs keep going on their runners and are resumed by the next start."""
+    from bot.web import serving  # Slack libraries only where the Slack bot runs
+
+    config = load_bot_config(config_file)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with serving(config) as served:
+        mode = "Socket Mode and HTTP" if served.bot.settings.app_token else "HTTP"
+        log.info("k3repro bot serving (%s) on port %d", mode, served.port)
+        await stop.wait()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="k3repro-bot", description="k3repro bot process")
     parser.add_argument("--config", type=Path, help="bot config (default: $K3REPRO_CONFIG or ./k3repro.toml)")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("resume", help="follow every active run in the store until it ends")
+    sub.add_parser("serve", help="run the Slack bot: HTTP (and Socket Mode with an app token), /healthz, /metrics")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    work = serve if args.command == "serve" else resume_all
     try:
-        return asyncio.run(resume_all(config_path(args.config)))
+        return asyncio.run(work(config_path(args.config)))
     except ConfigError as exc:
         print(f"k3repro-bot: {exc}", file=sys.stderr)
         return 2

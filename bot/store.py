@@ -80,10 +80,44 @@ def _m2_change_log(db: sqlite_utils.Database) -> None:
     db.table("changes").create_index(["cluster", "at"])
 
 
+def _m3_slack(db: sqlite_utils.Database) -> None:
+    """The Slack front-end: its outbox, each run's thread, processed request ids, and where audited actions came from."""
+    db.table("slack_outbox").create(
+        {
+            "id": int,
+            "key": str,  # idempotency key: one row per message write; updates of one message share a row
+            "lane": str,  # ops of one lane go out in order, paced together
+            "run_id": str,
+            "method": str,
+            "payload_json": str,
+            "state": str,  # pending | sent | failed
+            "version": int,  # bumped by every coalesced update; a send only completes the version it sent
+            "attempts": int,
+            "not_before": float,  # unix time: retry-after / backoff
+            "error": str,
+            "created_at": str,
+            "sent_at": str,
+        },
+        pk="id",
+        not_null={"key", "lane", "method", "payload_json", "state"},
+        defaults={"state": "pending", "version": 1, "attempts": 0, "not_before": 0.0},
+    )
+    db.table("slack_outbox").create_index(["key"], unique=True)
+    db.table("slack_outbox").create_index(["state", "lane"])
+    db.table("slack_threads").create(
+        {"run_id": str, "channel": str, "team_domain": str, "parent_ts": str, "checklist_ts": str, "created_at": str},
+        pk="run_id",
+        not_null={"channel"},
+    )
+    db.table("slack_requests").create({"id": str, "at": str}, pk="id")
+    db.table("audit_log").add_column("place", str)
+
+
 # Append only: a migration's position is its number, recorded in _migrations.
 MIGRATIONS: tuple[tuple[str, Callable[[sqlite_utils.Database], None]], ...] = (
     ("initial", _m1_initial),
     ("change_log", _m2_change_log),
+    ("slack", _m3_slack),
 )
 
 
@@ -196,11 +230,11 @@ class Store:
 
     # --- audit ---
 
-    def audit(self, actor: str, action: str, target: str, detail: str = "", via: str = "cli") -> None:
+    def audit(self, actor: str, action: str, target: str, detail: str = "", via: str = "cli", place: str = "") -> None:
+        """`place`: where the action was asked for (a Slack channel id; empty for the terminal)."""
+        row = {"at": now(), "actor": actor, "action": action, "target": target, "detail": detail, "via": via}
         with self.db.conn:
-            self.db.table("audit_log").insert(
-                {"at": now(), "actor": actor, "action": action, "target": target, "detail": detail, "via": via}
-            )
+            self.db.table("audit_log").insert({**row, "place": place})
 
     def audit_entries(self, limit: int = 50) -> list[dict[str, Any]]:
         return list(self.db.table("audit_log").rows_where(order_by="id DESC", limit=limit))

@@ -48,7 +48,7 @@ async def _start(args: argparse.Namespace) -> int:
             raise CommandError(str(exc)) from None
         print(f"run {started.run_id} · cluster {args.cluster} · runner {started.runner}", flush=True)
         try:
-            finished = await core.follow(started, printer)
+            finished = await core.follow(started, printer, printer.reconnecting)
         except (RunRefused, RunLost) as exc:
             raise CommandError(str(exc)) from None
     return 0 if finished.status == pb.RUN_STATUS_COMPLETED else 1
@@ -59,7 +59,7 @@ async def _watch(args: argparse.Namespace) -> int:
     printer = EventPrinter(logs=args.logs)
     async with coordinator(config) as core:
         try:
-            finished = await core.resume(args.run, printer)
+            finished = await core.resume(args.run, printer, printer.reconnecting)
         except (RunRefused, RunLost, LookupError) as exc:
             raise CommandError(str(exc).strip("'\"")) from None
     return 0 if finished.status == pb.RUN_STATUS_COMPLETED else 1

@@ -1,0 +1,67 @@
+"""Slack Web API calls per run: the outbox (one thread, coalesced updates, files once) against one call per event.
+
+Real runs (runner daemon with the sim backend, mTLS on loopback) through the Slack bot, at Slack's own
+pacing (chat.postMessage 1/s per channel, chat.update 50/min), against the local Slack. The reference in
+the same run is what a bot that wrote once per event would send: one call for each event the run stored.
+Run: `.venv/bin/python -m bench.bench_slack_calls [SPEED]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from bot.store import Store
+from bot.web import serving
+from runner.tls import write_dev_certs
+from tests.k3fixtures import bot_config, runner_data, running_runner
+from tests.slack_api import SlackApi, command_body, post, signed, slack_config
+
+SCENARIOS = ("demo", "healthy")
+
+
+async def one_run(scenario: str, speed: float, workdir: Path) -> tuple[Counter[str], int, float]:
+    certs = write_dev_certs(workdir / "certs")
+    api = await SlackApi().start()
+    async with running_runner(runner_data(certs, workdir / "runner", scenario=scenario, speed=speed)) as daemon:
+        config = bot_config(certs, workdir / "k3.db", [f"127.0.0.1:{daemon.port}"])
+        config = slack_config(config, api, post_interval_s=1.0, update_interval_s=1.2)
+        async with serving(config, port=0) as served:
+            started = time.monotonic()
+            body = command_body("start cluster-a")
+            await post(served, body, signed(body))
+            await served.bot.idle()
+            elapsed = time.monotonic() - started
+    await api.stop()
+    store = Store(workdir / "k3.db")
+    events = len(store.events(store.runs()[0]["id"]))
+    store.close()
+    calls = Counter(c.method for c in api.calls if c.method not in ("auth.test", "chat.postEphemeral"))
+    return calls, events, elapsed
+
+
+def main() -> None:
+    speed = float(sys.argv[1]) if len(sys.argv) > 1 else 40
+    print(f"one run per sim scenario at speed {speed}, Slack's pacing (1 post/s per channel, 50 updates/min)")
+    for scenario in SCENARIOS:
+        with tempfile.TemporaryDirectory() as tmp:
+            calls, events, elapsed = asyncio.run(one_run(scenario, speed, Path(tmp)))
+        total = sum(calls.values())
+        messages = calls["chat.postMessage"] + calls["chat.update"]
+        files = calls["files.completeUploadExternal"]
+        print(
+            f"{scenario:>8}: {events} events -> outbox {total} calls: {calls['chat.postMessage']} posts, "
+            f"{calls['chat.update']} updates, {files} files x 3 calls; thread complete {elapsed:.1f} s after the ack"
+        )
+        print(
+            f"{'':>8}  one call per event (reference): {events} calls, >= {events} s at 1 post/s; "
+            f"ratio all calls {total / events:.2f}, message writes {messages / events:.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,244 @@
+"""What `/k3repro` and the run card's buttons do.
+
+Before the ack only pure checks run (parsing, the config's clusters, channels and operator ids), so the
+ack is fast; everything that needs the store, a runner or Slack runs afterwards in a task the bot owns
+and answers in the run's thread or with an ephemeral message through the outbox.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from bot.coordinator import Coordinator, StartRefused
+from bot.slack.access import Access, Refused
+from bot.slack.blocks import ACTION_CANCEL, ACTION_RERUN, MAX_SECTION, clip
+from bot.slack.commands import Command, CommandError, help_text, parse
+from bot.slack.metrics import Metrics
+from bot.slack.outbox import Outbox, Write
+from bot.slack.tasks import TaskSet
+from bot.slack.threads import Threads, thread_of
+from bot.store import ACTIVE, RunNotFound, Store, now
+from runner.baseline import load_baseline
+from runner.toml_reader import ConfigError
+
+log = logging.getLogger("k3repro.slack")
+
+Ack = Callable[..., Awaitable[None]]
+ACTIONS = {ACTION_CANCEL: ("cancel", {}), ACTION_RERUN: ("rerun", {"where": "isolated"})}  # button -> command
+
+
+@dataclass(frozen=True)
+class Request:
+    """Who asked for what, where; `id` is Slack's trigger id, the same on a retried delivery."""
+
+    id: str
+    user: str
+    channel: str
+    team_domain: str
+    command: Command
+
+
+class Handlers:
+    def __init__(
+        self, core: Coordinator, access: Access, threads: Threads, outbox: Outbox, metrics: Metrics, slash: str
+    ) -> None:
+        self.core = core
+        self.store = core.store
+        self.access = access
+        self.threads = threads
+        self.outbox = outbox
+        self.metrics = metrics
+        self.tasks = TaskSet()
+        self.slash = slash
+
+    # --- bolt listeners ---
+
+    async def on_command(self, ack: Ack, body: dict[str, Any]) -> None:
+        try:
+            command = parse(str(body.get("text", "")))
+            if command.name == "help":
+                return await self._ack(ack, "help", help_text(self.slash))
+            self._precheck(command, body)
+        except (CommandError, Refused) as exc:
+            return await self._ack(ack, "refused", f"⛔ {exc}")
+        request = Request(
+            str(body.get("trigger_id") or f"{body.get('user_id')}:{now()}"),
+            str(body.get("user_id", "")),
+            str(body.get("channel_id", "")),
+            str(body.get("team_domain", "")),
+            command,
+        )
+        await self._ack(
+            ack, "accepted", f"⏳ starting a run on {command.args['cluster']}…" if command.name == "start" else None
+        )
+        self.tasks.spawn(self._handle(request), name=f"slack {command.name} {request.id}")
+
+    async def on_action(self, ack: Ack, body: dict[str, Any]) -> None:
+        await self._ack(ack, "action", None)
+        action = (body.get("actions") or [{}])[0]
+        request = Request(
+            str(body.get("trigger_id") or action.get("action_ts", "")),
+            str((body.get("user") or {}).get("id", "")),
+            str((body.get("channel") or {}).get("id", "")),
+            str((body.get("team") or {}).get("domain", "")),
+            Command(
+                ACTIONS[action["action_id"]][0],
+                {"run": str(action.get("value", "")), **ACTIONS[action["action_id"]][1]},
+            ),
+        )
+        self.tasks.spawn(self._handle(request), name=f"slack button {request.command.name} {request.id}")
+
+    async def _ack(self, ack: Ack, answer: str, text: str | None) -> None:
+        self.metrics.inc("k3repro_slack_requests_total", answer=answer)
+        await (ack(text=text, response_type="ephemeral") if text else ack())
+
+    def _precheck(self, command: Command, body: dict[str, Any]) -> None:
+        """The checks the config alone decides: a known cluster; for changes, its channel and its operators."""
+        name = command.args.get("cluster")
+        if name is None:
+            return
+        cluster = self.access.cluster(name)
+        if command.spec.operates:
+            self.access.check_place(cluster, str(body.get("channel_id", "")))
+            if self.access.known_operator(cluster, str(body.get("user_id", ""))) is False:
+                raise Refused(f"<@{body.get('user_id')}> is not an operator of cluster {cluster.name}")
+
+    # --- after the ack ---
+
+    async def _handle(self, request: Request) -> None:
+        if not await self.store.call(_claim, request.id):
+            log.info("request %s was already handled (a retry); ignored", request.id)
+            return
+        work = getattr(self, f"_do_{request.command.name}")
+        try:
+            answer = await work(request, **request.command.args)
+        except (Refused, StartRefused, RunNotFound) as exc:
+            answer = f"⛔ {str(exc).strip(chr(39) + chr(34))}"
+        except Exception:
+            reference = uuid.uuid4().hex[:12]
+            log.exception("request %s (%s) failed; reference %s", request.id, request.command.name, reference)
+            answer = f"⚠️ that failed inside the bot (reference `{reference}` in its log); nothing else was changed"
+        if answer:
+            await self._ephemeral(request, answer)
+
+    async def _ephemeral(self, request: Request, text: str) -> None:
+        args = {"channel": request.channel, "user": request.user, "text": text}
+        await self.outbox.put(Write(f"ephemeral:{request.id}", "chat.postEphemeral", args))
+
+    async def _operator(self, request: Request, cluster_name: str) -> None:
+        cluster = self.access.cluster(cluster_name)
+        self.access.check_place(cluster, request.channel)
+        await self.access.check_operator(cluster, request.user)
+
+    async def _do_start(self, request: Request, cluster: str, profile: str = "", image: str = "") -> str:
+        await self._operator(request, cluster)
+        try:
+            started = await self.core.start(
+                cluster, request.user, "slack", place=request.channel, profile=profile, image=image
+            )
+        except StartRefused:
+            active = await self.store.call(Store.active_run, cluster)
+            if active is None:
+                raise
+            return f"⛔ {cluster} already has an active run, `{active['id']}`: {await self._link(active['id'])}"
+        await self.threads.open(started, request.channel, request.team_domain)
+        return ""
+
+    async def _do_status(self, request: Request, run: str = "") -> str:
+        if run:
+            found = await self.store.call(Store.get_run, run)
+            rows = [found]
+        else:
+            rows = await self.store.call(Store.runs, 20, ACTIVE)
+            if not rows:
+                return "no run is active; `/k3repro runs` lists the latest"
+        return "\n".join([await self._run_line(row) for row in rows])
+
+    async def _do_runs(self, request: Request) -> str:
+        rows = await self.store.call(Store.runs, 10)
+        return "\n".join([await self._run_line(row) for row in rows]) or "no runs yet"
+
+    async def _do_cancel(self, request: Request, run: str) -> str:
+        found = await self.store.call(Store.get_run, run)
+        await self._operator(request, found["cluster"])
+        return await self.core.cancel(found["id"], request.user, "slack", place=request.channel)
+
+    async def _do_rerun(self, request: Request, run: str, where: str) -> str:
+        found = await self.store.call(Store.get_run, run)
+        await self._operator(request, found["cluster"])
+        return (
+            f"isolated reruns need an isolation provider; none is configured for cluster {found['cluster']}. "
+            f"Nothing was started."
+        )
+
+    async def _do_runners(self, request: Request, cluster: str = "") -> str:
+        try:
+            states = await self.core.runners(cluster or None)
+        except StartRefused as exc:
+            raise Refused(str(exc)) from None
+        lines = []
+        for name, state in states:
+            d = state.description
+            if d is None:
+                lines.append(f"• {name} `{state.address}` unreachable: {state.error}")
+            else:
+                doing = f"busy: {', '.join(d.active_run_ids)}" if d.active_run_ids else "idle"
+                lines.append(f"• {name} `{state.address}` {d.name} ({d.hostname}) {d.backend} {doing}")
+        return "\n".join(lines) or "no runners configured"
+
+    async def _do_baseline(self, request: Request, profile: str = "") -> str:
+        profiles = sorted({c.profile for c in self.core.config.clusters.values() if c.profile})
+        name = profile or (profiles[0] if len(profiles) == 1 else "")
+        if not name:
+            return f"which profile? `baseline PROFILE`; the clusters use: {', '.join(profiles) or 'none'}"
+        try:
+            baseline = load_baseline(name)
+        except ConfigError as exc:
+            raise Refused(str(exc)) from None
+        rules = [f"• `{rule.id}` ({rule.severity}) {rule.description}" for rule in baseline.rules]
+        head = f"*baseline {baseline.name}* — {baseline.description}".rstrip(" —")
+        return clip("\n".join([head, *rules, "_every run checks it in its `baseline` stage_"]), MAX_SECTION)
+
+    async def _do_note(self, request: Request, cluster: str, text: str) -> str:
+        await self._operator(request, cluster)
+        try:
+            row = await self.core.note(cluster, text, request.user, "slack", place=request.channel)
+        except StartRefused as exc:
+            raise Refused(str(exc)) from None
+        return f"noted for {row['cluster']} at {row['at']}: {row['what']}"
+
+    async def _run_line(self, run: dict[str, Any]) -> str:
+        decision = f" · {run['decision']}" if run.get("decision") else ""
+        return f"• `{run['id']}` {run['cluster']} · {run['status']}{decision} · {await self._link(run['id'])}"
+
+    async def _link(self, run_id: str) -> str:
+        thread = await self.store.call(thread_of, run_id)
+        if thread is None:
+            return "started from the terminal"
+        if not thread["parent_ts"]:
+            return f"thread in <#{thread['channel']}> (being posted)"
+        ts = str(thread["parent_ts"]).replace(".", "")
+        domain = thread["team_domain"]
+        url = f"https://{domain}.slack.com/archives/{thread['channel']}/p{ts}" if domain else ""
+        return (
+            f"<{url}|thread in #{thread['channel']}>"
+            if url
+            else f"thread <#{thread['channel']}> ts {thread['parent_ts']}"
+        )
+
+
+def _claim(store: Store, request_id: str) -> bool:
+    """True the first time a request id is seen: a retried delivery never does anything twice. Slack stops
+    retrying within minutes, so ids older than a day are forgotten."""
+    forget = (datetime.now(UTC) - timedelta(days=1)).isoformat(timespec="milliseconds")
+    with store.db.conn:
+        store.db.execute("DELETE FROM slack_requests WHERE at < ?", [forget])
+        cursor = store.db.execute(
+            "INSERT INTO slack_requests (id, at) VALUES (?, ?) ON CONFLICT(id) DO NOTHING", [request_id, now()]
+        )
+    return cursor.rowcount == 1

@@ -1,0 +1,180 @@
+"""One Slack thread per run: the card in the channel, the live checklist, a message per stage, the verdict.
+
+Each event folds into the run's `RunView` and becomes outbox writes with stable keys, so replaying a run's
+stored events after a restart rebuilds the view and re-enqueues nothing that was already written.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from bot.consumer import EventCallback, RunLost, RunRefused
+from bot.coordinator import Coordinator, StartedRun
+from bot.slack import blocks
+from bot.slack.blocks import Message
+from bot.slack.metrics import Metrics
+from bot.slack.outbox import UPLOAD, Outbox, Write
+from bot.slack.tasks import TaskSet
+from bot.slack.view import RunView, is_file
+from bot.store import ACTIVE, AsyncStore, Store, now
+from protos import runner_pb2 as pb
+
+log = logging.getLogger("k3repro.slack.threads")
+
+Follow = Callable[[EventCallback], Awaitable[pb.RunFinished]]  # Coordinator.follow or .resume, bound to a run
+UPDATES_ON = {"stage_started", "phase_reached", "checklist_item", "stage_finished", "run_finished", "artifact"}
+
+
+class Threads:
+    def __init__(self, core: Coordinator, outbox: Outbox, metrics: Metrics) -> None:
+        self.core = core
+        self.store: AsyncStore = core.store
+        self.outbox = outbox
+        self._tasks = TaskSet()
+        metrics.gauge("k3repro_runs_followed", lambda: float(len(self._tasks)))
+
+    async def open(self, started: StartedRun, channel: str, team_domain: str) -> None:
+        """Posts the run's card and checklist, then follows the run into its thread."""
+        await self.store.call(_create_thread, started.run_id, channel, team_domain)
+        view = RunView.of(await self.store.call(Store.get_run, started.run_id))
+        await self._begin(view, channel)
+        self._follow(view, channel, functools.partial(self.core.follow, started))
+
+    async def resume_all(self) -> int:
+        """Follows every run the store holds as active; a run with a thread continues in it."""
+        runs = await self.store.call(Store.runs, 10_000, ACTIVE)
+        for run in runs:
+            thread = await self.store.call(thread_of, run["id"])
+            view = RunView.of(run)
+            channel = thread["channel"] if thread else ""
+            if channel:
+                await self._begin(view, channel)
+                for event in await self.store.call(Store.events, run["id"]):
+                    await self._on_event(view, channel, event)
+            self._follow(view, channel, functools.partial(self.core.resume, run["id"]))
+        return len(runs)
+
+    async def _begin(self, view: RunView, channel: str) -> None:
+        """The card and the checklist's first post; their keys make a second call (on resume) a no-op."""
+        card, checklist = blocks.card(view), blocks.checklist(view)
+        card_args = {"channel": channel, **card.args(), "metadata": blocks.metadata(view)}
+        await self.outbox.put(
+            Write(f"{view.run_id}:card", "chat.postMessage", card_args, view.run_id, creates="parent_ts")
+        )
+        checklist_args = {"channel": channel, **checklist.args()}
+        await self.outbox.put(
+            Write(
+                f"{view.run_id}:checklist",
+                "chat.postMessage",
+                checklist_args,
+                view.run_id,
+                thread=True,
+                creates="checklist_ts",
+            )
+        )
+
+    async def idle(self) -> None:
+        await self._tasks.wait()
+
+    async def close(self) -> None:
+        await self._tasks.close()
+
+    def _follow(self, view: RunView, channel: str, follow: Follow) -> None:
+        async def on_event(event: pb.RunEvent) -> None:
+            if channel:
+                await self._on_event(view, channel, event)
+
+        async def run() -> None:
+            try:
+                await follow(on_event)
+            except (RunLost, RunRefused) as exc:
+                status = (await self.store.call(Store.get_run, view.run_id))["status"]
+                view.lost(status, str(exc))
+                if channel:
+                    await self._post_message(view, channel, f"{view.run_id}:problem", blocks.problem(view))
+                    await self._refresh(view, channel)
+
+        self._tasks.spawn(run(), name=f"follow {view.run_id}")
+
+    async def _on_event(self, view: RunView, channel: str, event: pb.RunEvent) -> None:
+        view.apply(event)
+        kind = event.WhichOneof("payload") or ""
+        key = f"{view.run_id}:{event.seq}"
+        if kind == "stage_finished" and event.stage_finished.stage != pb.STAGE_VERDICT:  # run_finished says it
+            await self._post_message(view, channel, key, blocks.stage_result(view, event.stage_finished))
+        elif kind == "ladder_step":
+            await self._post_message(view, channel, key, blocks.ladder_step(event.ladder_step))
+        elif kind == "artifact" and is_file(event.artifact):
+            name = event.artifact.name
+            suffix = "json" if event.artifact.media_type == "application/json" else "txt"
+            await self._upload(view, channel, key, f"{name}-{view.run_id}.{suffix}", name, event.artifact.content)
+        elif kind == "run_finished":
+            verdict = blocks.verdict(view, event.run_finished)
+            await self._post_message(view, channel, key, verdict, reply_broadcast=True)
+            for source, text in (await self.store.call(_logs, view.run_id)).items():
+                title = f"{source} log"
+                await self._upload(view, channel, f"{view.run_id}:log:{source}", _filename(source, view), title, text)
+        if kind in UPDATES_ON:
+            await self._refresh(view, channel)
+
+    async def _post_message(
+        self, view: RunView, channel: str, key: str, message: Message, *, reply_broadcast: bool = False
+    ) -> None:
+        args = {"channel": channel, **message.args(), "reply_broadcast": reply_broadcast}
+        await self.outbox.put(Write(key, "chat.postMessage", args, view.run_id, thread=True))
+        if message.overflow:
+            await self._upload(
+                view, channel, f"{key}:full", f"{key.replace(':', '-')}.txt", "full text", message.overflow
+            )
+
+    async def _upload(self, view: RunView, channel: str, key: str, filename: str, title: str, content: str) -> None:
+        args = {"channel": channel, "filename": filename, "title": title}
+        await self.outbox.put(Write(key, UPLOAD, args, view.run_id, thread=True, extra={"content": content}))
+
+    async def _refresh(self, view: RunView, channel: str) -> None:
+        """The latest card and checklist; the outbox keeps only the newest of each until it is sent."""
+        card, checklist = blocks.card(view), blocks.checklist(view)
+        for name, message, extra in (
+            ("card", card, {"metadata": blocks.metadata(view)}),
+            ("checklist", checklist, {}),
+        ):
+            await self.outbox.put(
+                Write(
+                    f"{view.run_id}:{name}:update",
+                    "chat.update",
+                    {"channel": channel, **message.args(), **extra},
+                    view.run_id,
+                    target="parent_ts" if name == "card" else "checklist_ts",
+                )
+            )
+
+
+def _filename(source: str, view: RunView) -> str:
+    return f"{source.replace('/', '-')}-{view.run_id}.log"
+
+
+# --- SQL, run on the store's thread ---
+
+
+def _create_thread(store: Store, run_id: str, channel: str, team_domain: str) -> None:
+    with store.db.conn:
+        store.db.table("slack_threads").insert(
+            {"run_id": run_id, "channel": channel, "team_domain": team_domain, "created_at": now()}
+        )
+
+
+def thread_of(store: Store, run_id: str) -> dict[str, Any] | None:
+    rows = list(store.db.table("slack_threads").rows_where("run_id = ?", [run_id]))
+    return rows[0] if rows else None
+
+
+def _logs(store: Store, run_id: str) -> dict[str, str]:
+    """The run's whole log, one text per source, from the stored events (so a restart loses nothing)."""
+    texts: dict[str, list[str]] = {}
+    for event in store.events(run_id):
+        if event.WhichOneof("payload") == "log_chunk":
+            texts.setdefault(event.log_chunk.source, []).extend(event.log_chunk.lines)
+    return {source: "\n".join(lines) + "\n" for source, lines in texts.items()}

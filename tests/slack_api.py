@@ -1,0 +1,319 @@
+"""A local Slack for tests: the Web API methods the bot uses, file uploads, and a Socket Mode WebSocket.
+
+It binds port 0, records every call with its body, keeps the messages as Slack would show them (after
+every update), and answers with faults on request: 429 with Retry-After, 5xx, or a hang (a time-out).
+Plus helpers that sign requests the way Slack does and build a bot config that points at it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import aiohttp
+from aiohttp import web
+from slack_sdk.signature import SignatureVerifier
+
+from bot.config import BotConfig, SlackConfig
+from bot.web import SLACK_PATH, Served, serving
+from protos.vocab import CHECKLIST_IDS
+from runner.tls import DevCerts
+from tests.k3fixtures import bot_config, runner_data, running_runner
+
+SIGNING_SECRET = "test-signing-secret"
+BOT_TOKEN = "xoxb-test-token"
+APP_TOKEN = "xapp-test-token"
+TEAM_DOMAIN = "k3lab"
+
+
+@dataclass
+class Call:
+    method: str
+    body: dict[str, Any]
+    status: int
+    at: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Fault:
+    """Answer calls of `method` ("*": any) with `status` `times` times, or until a deadline.
+
+    Status 0 hangs for `retry_after` seconds: longer than the client's time-out."""
+
+    method: str
+    status: int
+    retry_after: float = 1.0
+    times: int | None = 1
+    until: float | None = None
+
+    def matches(self, method: str) -> bool:
+        active = (self.times is None or self.times > 0) and (self.until is None or time.monotonic() < self.until)
+        return active and self.method in (method, "*")
+
+
+class SlackApi:
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+        self.messages: dict[str, dict[str, Any]] = {}  # ts -> the message as it stands
+        self.files: list[dict[str, Any]] = []
+        self.groups: dict[str, list[str]] = {}
+        self.faults: list[Fault] = []
+        self.envelopes_acked: dict[str, dict[str, Any]] = {}
+        self._ts = itertools.count(1)
+        self._uploads: dict[str, bytes] = {}
+        self._sockets: list[web.WebSocketResponse] = []
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api/"
+
+    async def start(self) -> SlackApi:
+        app = web.Application()
+        app.router.add_route("*", "/api/{method}", self._api)
+        app.router.add_post("/upload/{file_id}", self._upload)
+        app.router.add_get("/socket", self._socket)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+        return self
+
+    async def stop(self) -> None:
+        for ws in self._sockets:
+            await ws.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # --- faults and queries ---
+
+    def fail(
+        self, method: str, status: int, *, times: int | None = 1, for_s: float | None = None, retry_after: float = 1.0
+    ) -> None:
+        until = time.monotonic() + for_s if for_s is not None else None
+        self.faults.append(Fault(method, status, retry_after, None if for_s is not None else times, until))
+
+    def called(self, method: str, status: int | None = 200) -> list[Call]:
+        return [c for c in self.calls if c.method == method and (status is None or c.status == status)]
+
+    def thread(self, parent_ts: str) -> list[dict[str, Any]]:
+        """The replies of a thread, oldest first, as they stand now."""
+        return [m for m in self.messages.values() if m.get("thread_ts") == parent_ts]
+
+    async def wait_for(self, check: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if result := check():
+                return result
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"timed out waiting for {what or check}; calls: {[c.method for c in self.calls]}")
+
+    # --- Socket Mode ---
+
+    async def send_envelope(self, kind: str, payload: dict[str, Any], envelope_id: str, **extra: Any) -> None:
+        await self.wait_for(lambda: self._sockets, what="a Socket Mode connection")
+        envelope = {"envelope_id": envelope_id, "type": kind, "payload": payload, "accepts_response_payload": True}
+        await self._sockets[-1].send_str(json.dumps({**envelope, **extra}))
+
+    async def _socket(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(autoping=True)
+        await ws.prepare(request)
+        self._sockets.append(ws)
+        await ws.send_str(json.dumps({"type": "hello", "num_connections": 1}))
+        async for message in ws:
+            if message.type == aiohttp.WSMsgType.TEXT:
+                data = json.loads(message.data)
+                self.envelopes_acked[data["envelope_id"]] = data.get("payload") or {}
+        return ws
+
+    # --- the Web API ---
+
+    async def _api(self, request: web.Request) -> web.StreamResponse:
+        method = request.match_info["method"]
+        body = await _body(request)
+        fault = next((f for f in self.faults if f.matches(method)), None)
+        if fault is not None and fault.times is not None:
+            fault.times -= 1
+        if fault is not None and fault.status == 0:  # hang past the client's time-out, then give up
+            self.calls.append(Call(method, body, 0))
+            await asyncio.sleep(fault.retry_after)
+            return web.json_response({"ok": False, "error": "request_timeout"}, status=504)
+        if fault is not None:
+            self.calls.append(Call(method, body, fault.status))
+            headers = {"Retry-After": f"{fault.retry_after:g}"} if fault.status == 429 else {}
+            error = "ratelimited" if fault.status == 429 else "fatal_error"
+            return web.json_response({"ok": False, "error": error}, status=fault.status, headers=headers)
+        if not request.headers.get("Authorization", "").startswith(("Bearer xoxb-", "Bearer xapp-")):
+            self.calls.append(Call(method, body, 200))
+            return web.json_response({"ok": False, "error": "invalid_auth"})
+        self.calls.append(Call(method, body, 200))
+        return web.json_response({"ok": True, **self._answer(method, body)})
+
+    def _answer(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
+        if method == "auth.test":
+            return {
+                "user_id": "UBOT",
+                "bot_id": "BBOT",
+                "team_id": "T1",
+                "team": "k3lab",
+                "url": "https://k3lab.slack.com/",
+            }
+        if method == "chat.postMessage":
+            ts = f"1700000000.{next(self._ts):06d}"
+            self.messages[ts] = {**body, "ts": ts, "updates": 0}
+            return {"channel": body["channel"], "ts": ts, "message": {"text": body.get("text", "")}}
+        if method == "chat.update":
+            message = self.messages[body["ts"]]
+            message.update({k: v for k, v in body.items() if k != "ts"}, updates=message["updates"] + 1)
+            return {"channel": body["channel"], "ts": body["ts"]}
+        if method == "chat.postEphemeral":
+            return {"message_ts": f"1700000001.{next(self._ts):06d}"}
+        if method == "usergroups.users.list":
+            return {"users": self.groups.get(body["usergroup"], [])}
+        if method == "files.getUploadURLExternal":
+            file_id = f"F{next(self._ts):05d}"
+            return {"upload_url": f"http://127.0.0.1:{self.port}/upload/{file_id}", "file_id": file_id}
+        if method == "files.completeUploadExternal":
+            files = json.loads(body["files"]) if isinstance(body["files"], str) else body["files"]
+            for f in files:
+                content = self._uploads[f["id"]].decode()
+                self.files.append(
+                    {**f, "channel": body.get("channel_id"), "thread_ts": body.get("thread_ts"), "content": content}
+                )
+            return {"files": [{"id": f["id"], "title": f.get("title", "")} for f in files]}
+        if method == "apps.connections.open":
+            return {"url": f"ws://127.0.0.1:{self.port}/socket"}
+        return {}
+
+    async def _upload(self, request: web.Request) -> web.Response:
+        data = await request.read()
+        self._uploads[request.match_info["file_id"]] = data
+        self.calls.append(Call("upload", {"file_id": request.match_info["file_id"], "size": len(data)}, 200))
+        return web.Response(text=f"OK - {len(data)}")
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    if request.content_type == "application/json":
+        data: dict[str, Any] = await request.json()
+        return data
+    form = await request.post()
+    return {**dict(request.query), **{key: str(value) for key, value in form.items()}}
+
+
+# --- the bot's side ---
+
+
+@contextlib.asynccontextmanager
+async def slack_bot(
+    certs: DevCerts, tmp_path: Path, api: SlackApi, *, scenario: str = "demo", speed: float = 200, **settings: Any
+) -> AsyncIterator[Served]:
+    async with running_runner(runner_data(certs, tmp_path / "runner", scenario=scenario, speed=speed)) as daemon:
+        config = slack_config(bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"]), api, **settings)
+        async with serving(config, port=0) as served:
+            yield served
+
+
+async def post(served: Served, body: str, headers: dict[str, str]) -> tuple[int, str]:
+    url = f"http://127.0.0.1:{served.port}{SLACK_PATH}"
+    headers = {"Content-Type": "application/x-www-form-urlencoded", **headers}
+    async with aiohttp.ClientSession() as session, session.post(url, data=body, headers=headers) as response:
+        return response.status, await response.text()
+
+
+async def settle(served: Served) -> None:
+    """Until every run the bot follows has ended and every write it caused reached Slack."""
+    await served.bot.idle()
+
+
+def parent_of(api: SlackApi) -> dict[str, Any] | None:
+    return next((m for m in api.messages.values() if m["channel"] == "C-OPS" and "thread_ts" not in m), None)
+
+
+def slack_config(config: BotConfig, api: SlackApi, **settings: Any) -> BotConfig:
+    """`config` with a [slack] table pointing at `api`, fast pacing, and cluster-a operated from C-OPS by U-OPS."""
+    slack = SlackConfig(
+        bot_token=BOT_TOKEN,
+        signing_secret=SIGNING_SECRET,
+        api_url=api.url,
+        listen="127.0.0.1:0",
+        post_interval_s=0.02,
+        update_interval_s=0.02,
+        timeout_s=1,
+    )
+    cluster = replace(config.clusters["cluster-a"], channels=("C-OPS",), operators=("U-OPS", "S-SRE"))
+    return replace(config, slack=replace(slack, **settings), clusters={"cluster-a": cluster})
+
+
+def signed(body: str, *, secret: str = SIGNING_SECRET, timestamp: int | None = None, **headers: str) -> dict[str, str]:
+    stamp = str(int(time.time()) if timestamp is None else timestamp)
+    signature = SignatureVerifier(secret).generate_signature(timestamp=stamp, body=body)
+    return {"X-Slack-Request-Timestamp": stamp, "X-Slack-Signature": signature, **headers}
+
+
+def command_fields(text: str, *, user: str = "U-OPS", channel: str = "C-OPS", trigger: str = "") -> dict[str, str]:
+    """A slash command's payload, as Slack sends it (form-encoded over HTTP, JSON in a Socket Mode envelope)."""
+    return {
+        "command": "/k3repro",
+        "text": text,
+        "user_id": user,
+        "user_name": user.lower(),
+        "channel_id": channel,
+        "channel_name": "ops",
+        "team_id": "T1",
+        "team_domain": TEAM_DOMAIN,
+        "api_app_id": "A1",
+        "response_url": "https://hooks.slack.invalid/commands/1",
+        "trigger_id": trigger or f"trigger-{time.monotonic_ns()}",
+    }
+
+
+def command_body(text: str, **fields: str) -> str:
+    return urlencode(command_fields(text, **fields))
+
+
+def action_payload(
+    action_id: str, run_id: str, *, user: str = "U-OPS", channel: str = "C-OPS", trigger: str = ""
+) -> dict[str, Any]:
+    return {
+        "type": "block_actions",
+        "user": {"id": user},
+        "api_app_id": "A1",
+        "team": {"id": "T1", "domain": TEAM_DOMAIN},
+        "channel": {"id": channel},
+        "trigger_id": trigger or f"trigger-{time.monotonic_ns()}",
+        "container": {"type": "message", "channel_id": channel},
+        "actions": [{"action_id": action_id, "block_id": "run_actions", "value": run_id, "type": "button"}],
+    }
+
+
+def action_body(payload: dict[str, Any]) -> str:
+    return urlencode({"payload": json.dumps(payload)})
+
+
+def assert_thread_complete(api: SlackApi) -> None:
+    """One card, one checklist in its final state, each stage once, the verdict, each file once."""
+    cards = [m for m in api.messages.values() if "thread_ts" not in m]
+    assert len(cards) == 1
+    parent = cards[0]
+    assert "completed" in parent["text"]
+    checklist, *stages, verdict = api.thread(parent["ts"])
+    assert checklist["text"].startswith("Checklist") and "run completed" in checklist["text"]
+    assert [b.get("block_id") for b in checklist["blocks"][1:-1]] == CHECKLIST_IDS
+    heads = [s["text"].split(":")[0] for s in stages]
+    assert len(heads) == len(set(heads)) and heads[0] == "✅ freeze" and "❌ minimal_launch" in heads
+    assert verdict.get("reply_broadcast") and verdict["text"].startswith("continue")
+    titles = [f["title"] for f in api.files]
+    assert "minimal_launch log" in titles and "fingerprint" in titles and len(titles) == len(set(titles))
+    assert all(f["thread_ts"] == parent["ts"] for f in api.files)
+    posted = api.called("chat.postMessage")
+    assert len(posted) == len(api.messages)  # nothing posted twice
