@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 
 from bot.config import BotConfig
-from bot.consumer import EventCallback, follow_run
+from bot.consumer import EventCallback, ReconnectCallback, follow_run
 from bot.dispatcher import DispatchError, RunnerState, pick_runner, survey
 from bot.ids import new_run_id
 from bot.runner_client import open_channel, rpc_error_text
@@ -38,8 +38,18 @@ class Coordinator:
         self.config = config
         self.store = store
 
-    async def start(self, cluster_name: str, requested_by: str, via: str = "cli") -> StartedRun:
-        """Validates, dispatches and records a run; `follow` then streams it."""
+    async def start(
+        self,
+        cluster_name: str,
+        requested_by: str,
+        via: str = "cli",
+        *,
+        place: str = "",
+        profile: str = "",
+        image: str = "",
+    ) -> StartedRun:
+        """Validates, dispatches and records a run; `follow` then streams it. `profile`/`image` override the
+        cluster's for this run (the runner still checks the image against its allowlist)."""
         try:
             cluster = self.config.cluster(cluster_name)
             parse_launch_command(list(cluster.launch_argv))
@@ -55,16 +65,17 @@ class Coordinator:
         except DispatchError as exc:
             raise StartRefused(str(exc)) from None
         run_id = new_run_id()
+        image = image or cluster.image
         changes = await self.store.call(Store.changes, cluster.name)
         request = pb.StartRunRequest(
             run_id=run_id,
             cluster=cluster.name,
-            image=cluster.image,
+            image=image,
             launch_argv=list(cluster.launch_argv),
             request=pb.FixedRequest(
                 api=cluster.request.api, body_json=cluster.request.body_json, repeats=cluster.request.repeats
             ),
-            profile=cluster.profile,
+            profile=profile or cluster.profile,
             requested_by=requested_by,
             changes=[pb.Change(at=c["at"], what=c["what"], by=c["by"] or "") for c in changes],
         )
@@ -74,7 +85,7 @@ class Coordinator:
             "runner": runner.address,
             "status": "running",
             "requested_by": requested_by,
-            "image": cluster.image,
+            "image": image,
             "request_json": json.dumps({"argv": list(cluster.launch_argv), "request": cluster.request.body_json}),
         }
         try:
@@ -82,21 +93,25 @@ class Coordinator:
         except ActiveRunExists as exc:
             raise StartRefused(f"cluster {cluster.name} already has an active run: {exc.run_id}") from None
         await self.store.call(
-            Store.audit, requested_by, "start", cluster.name, f"run {run_id} on {runner.address}", via
+            Store.audit, requested_by, "start", cluster.name, f"run {run_id} on {runner.address}", via, place
         )
         return StartedRun(run_id, runner.address, request)
 
-    async def follow(self, started: StartedRun, on_event: EventCallback) -> pb.RunFinished:
+    async def follow(
+        self, started: StartedRun, on_event: EventCallback, on_reconnect: ReconnectCallback | None = None
+    ) -> pb.RunFinished:
         return await follow_run(
-            self.config, self.store, started.run_id, started.runner, on_event, start=started.request
+            self.config, self.store, started.run_id, started.runner, on_event, started.request, on_reconnect
         )
 
-    async def resume(self, run_id: str, on_event: EventCallback) -> pb.RunFinished:
+    async def resume(
+        self, run_id: str, on_event: EventCallback, on_reconnect: ReconnectCallback | None = None
+    ) -> pb.RunFinished:
         """Follows a run this bot stored earlier, from the last event it stored."""
         run = await self.store.call(Store.get_run, run_id)
-        return await follow_run(self.config, self.store, run["id"], run["runner"], on_event)
+        return await follow_run(self.config, self.store, run["id"], run["runner"], on_event, None, on_reconnect)
 
-    async def cancel(self, run_id: str, requested_by: str, via: str = "cli") -> str:
+    async def cancel(self, run_id: str, requested_by: str, via: str = "cli", place: str = "") -> str:
         run = await self.store.call(Store.get_run, run_id)
         if run["status"] not in ("queued", "running"):
             return f"run {run['id']} already ended ({run['status']})"
@@ -110,10 +125,10 @@ class Coordinator:
                 )
             except grpc.aio.AioRpcError as exc:
                 raise StartRefused(f"cannot cancel run {run['id']}: {rpc_error_text(exc)}") from None
-        await self.store.call(Store.audit, requested_by, "cancel", run["id"], answer.message, via)
+        await self.store.call(Store.audit, requested_by, "cancel", run["id"], answer.message, via, place)
         return f"run {run['id']}: {answer.message}"
 
-    async def note(self, cluster_name: str, what: str, by: str, via: str = "cli") -> dict[str, Any]:
+    async def note(self, cluster_name: str, what: str, by: str, via: str = "cli", place: str = "") -> dict[str, Any]:
         """Appends to a cluster's change log; the next run's freeze records it."""
         try:
             cluster = self.config.cluster(cluster_name)
@@ -125,7 +140,7 @@ class Coordinator:
         if len(text) > MAX_NOTE_CHARS:
             raise StartRefused(f"a note is at most {MAX_NOTE_CHARS} characters (got {len(text)})")
         row = await self.store.call(Store.add_change, cluster.name, text, by, via)
-        await self.store.call(Store.audit, by, "note", cluster.name, text, via)
+        await self.store.call(Store.audit, by, "note", cluster.name, text, via, place)
         return row
 
     async def runners(self, cluster_name: str | None = None) -> list[tuple[str, RunnerState]]:

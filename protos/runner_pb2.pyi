@@ -340,14 +340,22 @@ class ChecklistItem(_message.Message):
     def __init__(self, item: _Optional[_Union[ChecklistId, str]] = ..., state: _Optional[_Union[ChecklistState, str]] = ..., evidence: _Optional[str] = ...) -> None: ...
 
 class LadderStepResult(_message.Message):
-    __slots__ = ("step", "outcome", "detail")
+    __slots__ = ("step", "outcome", "detail", "relaunched", "signature", "phase", "category")
     STEP_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    RELAUNCHED_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    CATEGORY_FIELD_NUMBER: _ClassVar[int]
     step: LadderStepId
     outcome: LadderOutcome
     detail: str
-    def __init__(self, step: _Optional[_Union[LadderStepId, str]] = ..., outcome: _Optional[_Union[LadderOutcome, str]] = ..., detail: _Optional[str] = ...) -> None: ...
+    relaunched: bool
+    signature: str
+    phase: Phase
+    category: ErrorCategory
+    def __init__(self, step: _Optional[_Union[LadderStepId, str]] = ..., outcome: _Optional[_Union[LadderOutcome, str]] = ..., detail: _Optional[str] = ..., relaunched: _Optional[bool] = ..., signature: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., category: _Optional[_Union[ErrorCategory, str]] = ...) -> None: ...
 
 class LogChunk(_message.Message):
     __slots__ = ("source", "lines")
@@ -396,16 +404,18 @@ class Heartbeat(_message.Message):
     def __init__(self, last_seq: _Optional[int] = ..., stage: _Optional[_Union[Stage, str]] = ...) -> None: ...
 
 class RunFinished(_message.Message):
-    __slots__ = ("status", "decision", "reasons", "summary")
+    __slots__ = ("status", "decision", "reasons", "summary", "launches")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     REASONS_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHES_FIELD_NUMBER: _ClassVar[int]
     status: RunStatus
     decision: Decision
     reasons: _containers.RepeatedScalarFieldContainer[str]
     summary: str
-    def __init__(self, status: _Optional[_Union[RunStatus, str]] = ..., decision: _Optional[_Union[Decision, str]] = ..., reasons: _Optional[_Iterable[str]] = ..., summary: _Optional[str] = ...) -> None: ...
+    launches: int
+    def __init__(self, status: _Optional[_Union[RunStatus, str]] = ..., decision: _Optional[_Union[Decision, str]] = ..., reasons: _Optional[_Iterable[str]] = ..., summary: _Optional[str] = ..., launches: _Optional[int] = ...) -> None: ...
 
 class RunEvent(_message.Message):
     __slots__ = ("run_id", "seq", "at", "stage_started", "stage_finished", "phase_reached", "first_error", "checklist_item", "ladder_step", "log_chunk", "request_result", "artifact", "heartbeat", "run_finished")

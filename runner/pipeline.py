@@ -7,17 +7,21 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from protos import runner_pb2 as pb
-from protos.vocab import CHECKLIST_IDS, from_id, to_id
-from runner.stages import freeze, minimal_launch, single_request
+from protos.vocab import to_id
+from runner.stages import baseline, freeze, ladder, minimal_launch, single_request, verdict
 from runner.stages.context import RunContext, StageResult
+from runner.stages.launcher import release
 
 log = logging.getLogger(__name__)
 
 StageFn = Callable[[RunContext], Awaitable[StageResult]]
+# A stage runs only while every stage before it succeeded; the verdict always runs, on whatever evidence exists.
 STAGES: tuple[tuple[pb.Stage, StageFn], ...] = (
     (pb.STAGE_FREEZE, freeze.run),
+    (pb.STAGE_BASELINE, baseline.run),
     (pb.STAGE_MINIMAL_LAUNCH, minimal_launch.run),
     (pb.STAGE_SINGLE_REQUEST, single_request.run),
+    (pb.STAGE_LADDER, ladder.run),
 )
 
 
@@ -25,8 +29,10 @@ async def execute(ctx: RunContext, cancel_reason: Callable[[], str]) -> None:
     """Runs the stages, releases the engine, and only then reports the run finished (nothing follows it)."""
     try:
         summary = await _stages(ctx)
-        decision, reasons = _decide(ctx)
-        finished = pb.RunFinished(status=pb.RUN_STATUS_COMPLETED, decision=decision, reasons=reasons, summary=summary)
+        await _run_stage(ctx, pb.STAGE_VERDICT, verdict.run)
+        finished = pb.RunFinished(
+            status=pb.RUN_STATUS_COMPLETED, decision=ctx.decision, reasons=ctx.reasons, summary=summary
+        )
     except asyncio.CancelledError:
         reason = cancel_reason()
         await ctx.emit(
@@ -37,16 +43,9 @@ async def execute(ctx: RunContext, cancel_reason: Callable[[], str]) -> None:
         log.exception("run %s failed", ctx.run_id)
         message = f"runner error in {to_id(pb.Stage, ctx.stage) or 'start'}: {type(exc).__name__}: {exc}"
         finished = pb.RunFinished(status=pb.RUN_STATUS_ERROR, reasons=[message], summary=message)
-    await asyncio.shield(_release(ctx))
+    await asyncio.shield(release(ctx))
+    finished.launches = ctx.launches
     await ctx.emit(run_finished=finished)
-
-
-async def _release(ctx: RunContext) -> None:
-    """Stops the engine and lets the log follower send the engine's last lines."""
-    if ctx.engine is not None and ctx.engine.returncode is None:
-        await ctx.engine.stop(ctx.config.engine.stop_grace_s)
-    if ctx.follower is not None:
-        await ctx.follower.drain(timeout_s=5.0)
 
 
 async def _stages(ctx: RunContext) -> str:
@@ -60,10 +59,7 @@ async def _stages(ctx: RunContext) -> str:
                 stage_finished=pb.StageFinished(stage=stage, status=pb.STAGE_STATUS_SKIPPED, summary=skipped)
             )
             continue
-        ctx.stage = stage
-        await ctx.emit(stage_started=pb.StageStarted(stage=stage))
-        result = await run_stage(ctx)
-        await ctx.emit(stage_finished=pb.StageFinished(stage=stage, status=result.status, summary=result.summary))
+        result = await _run_stage(ctx, stage, run_stage)
         if result.status != pb.STAGE_STATUS_OK:
             stopped_at, stopped_stage = result, stage
     if stopped_at is None:
@@ -71,13 +67,9 @@ async def _stages(ctx: RunContext) -> str:
     return f"{to_id(pb.Stage, stopped_stage)}: {stopped_at.summary}"
 
 
-def _decide(ctx: RunContext) -> tuple[pb.Decision, list[str]]:
-    """Without full evidence the only honest decision is `continue`, naming what is missing."""
-    missing = [
-        item
-        for item in CHECKLIST_IDS
-        if ctx.checklist.get(from_id(pb.ChecklistId, item), (0, ""))[0] != pb.CHECKLIST_STATE_HOLDS
-    ]
-    if missing:
-        return pb.DECISION_CONTINUE, [f"no evidence yet for: {', '.join(missing)}"]
-    return pb.DECISION_FIX, ["all ten checklist items hold"]
+async def _run_stage(ctx: RunContext, stage: pb.Stage, run_stage: StageFn) -> StageResult:
+    ctx.stage = stage
+    await ctx.emit(stage_started=pb.StageStarted(stage=stage))
+    result = await run_stage(ctx)
+    await ctx.emit(stage_finished=pb.StageFinished(stage=stage, status=result.status, summary=result.summary))
+    return result

@@ -18,7 +18,7 @@ from runner.events import EventLog, heartbeat
 from runner.journal import Journal
 from runner.pipeline import execute
 from runner.stages.context import RunContext
-from runner.stages.single_request import PATHS
+from runner.stages.requests import PATHS
 from runner.vllm_cli import LaunchCommandError, ServeCommand, parse_launch_command
 
 log = logging.getLogger(__name__)

@@ -146,6 +146,11 @@ class ServeCommand:
         """The command with only the flags of the given steps."""
         return replace(self, options=tuple(o for o in self.options if o.spec.step in steps))
 
+    def with_step_from(self, other: ServeCommand, step: str) -> ServeCommand:
+        """This command with its flags of `step` replaced by those `other` gives (a ladder step's change)."""
+        kept = tuple(o for o in self.options if o.spec.step != step)
+        return replace(self, options=kept + tuple(o for o in other.options if o.spec.step == step))
+
     def minimal(self) -> ServeCommand:
         """What is needed to load the model, with default-on features that a ladder step adds turned off."""
         command = self.keep_steps({"essential"})

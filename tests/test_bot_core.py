@@ -58,6 +58,8 @@ async def test_failing_run_reports_phase_and_first_error(certs: DevCerts, tmp_pa
         (pb.STAGE_BASELINE, pb.STAGE_STATUS_OK),
         (pb.STAGE_MINIMAL_LAUNCH, pb.STAGE_STATUS_FAILED),
         (pb.STAGE_SINGLE_REQUEST, pb.STAGE_STATUS_SKIPPED),
+        (pb.STAGE_LADDER, pb.STAGE_STATUS_SKIPPED),
+        (pb.STAGE_VERDICT, pb.STAGE_STATUS_OK),
     ]
     minimal = next(e.artifact.content for e in recorder.events if e.artifact.name == "minimal_command")
     assert "--tool-call-parser" not in minimal and "--tensor-parallel-size 8" in minimal
@@ -75,11 +77,17 @@ async def test_healthy_run_sends_the_fixed_request_three_times(certs: DevCerts, 
         core = Coordinator(config, store)
         await core.follow(await core.start("cluster-a", "U1"), recorder)
         store.close()
-    results = [e.request_result for e in recorder.events if e.HasField("request_result")]
+    ladder_starts = next(
+        i
+        for i, e in enumerate(recorder.events)
+        if e.stage_started.stage == pb.STAGE_LADDER and e.HasField("stage_started")
+    )
+    before_ladder = recorder.events[:ladder_starts]
+    results = [e.request_result for e in before_ladder if e.HasField("request_result")]
     assert [r.attempt for r in results] == [1, 2, 3]
     assert all(r.http_status == 200 and r.max_tokens == 16 for r in results)
     assert all(r.prompt_tokens > 0 and 0 < r.completion_tokens <= 16 and r.finish_reason for r in results)
-    phases = [e.phase_reached.phase for e in recorder.events if e.HasField("phase_reached")]
+    phases = [e.phase_reached.phase for e in before_ladder if e.HasField("phase_reached")]
     assert phases[-2:] == [pb.PHASE_API_LISTEN, pb.PHASE_REQUEST]  # the request phase starts with the first request
     assert phases == sorted(phases)
     checks = {e.checklist_item.item: e.checklist_item.state for e in recorder.events if e.HasField("checklist_item")}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -110,6 +111,19 @@ def test_demo_prints_the_failing_phase_and_first_error() -> None:
     assert "✗ minimal_launch: failed in gpu_detect" in out
     assert "decision: continue" in out
     assert time.monotonic() - started < 60
+
+
+def test_demo_json_is_the_run_report() -> None:
+    result = subprocess.run([BIN / "k3repro", "demo", "--json"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert set(report) == {
+        "run_id", "decision", "checklist", "first_error", "ladder", "trigger_step", "candidates", "launches",
+    }  # fmt: skip
+    assert report["decision"] == "continue"
+    assert report["first_error"]["phase"] == "gpu_detect" and report["first_error"]["category"] == "nccl_comm"
+    assert (report["ladder"], report["trigger_step"], report["launches"]) == ([], None, 2)
+    assert report["checklist"]["failure_repeated"] is True and report["checklist"]["revertible_baseline"] is False
 
 
 def test_cli_bad_input_gets_one_line_and_exit_2(tmp_path: Path) -> None:

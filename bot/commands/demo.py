@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
+import json
+import sys
 import tempfile
 from importlib import resources
 from pathlib import Path
+from typing import Any, TextIO
 
-from bot.commands.common import EventPrinter, coordinator, operator
+from bot.commands.common import CommandError, EventPrinter, coordinator, operator
 from bot.config import parse_bot_config
 from bot.render import run_header
+from bot.report import run_report
 from bot.store import Store
 from runner.config import parse_runner_config
 from runner.daemon import RunnerDaemon
@@ -21,26 +26,44 @@ from runner.toml_reader import read_toml
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("demo", help="run the embedded demo end to end on this machine")
     parser.add_argument(
-        "--scenario", default="demo", help="built-in sim scenario for the runner's host (default: demo)"
+        "--scenario",
+        default="demo",
+        help="the simulated host: a built-in scenario name or a scenario file (default: demo)",
     )
     parser.add_argument("--speed", type=float, help="sim speed factor (default from the demo config)")
     parser.add_argument("--logs", action="store_true", help="also print the engine's log")
+    parser.add_argument("--json", action="store_true", help="print only the run report as JSON")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    scenario = scenario_file(args.scenario)
     with tempfile.TemporaryDirectory(prefix="k3repro-demo-") as tmp:
-        return asyncio.run(demo(Path(tmp), args.scenario, args.speed, args.logs))
+        out = io.StringIO() if args.json else sys.stdout
+        report = asyncio.run(demo(Path(tmp), scenario, args.speed, args.logs, out))
+    if args.json:
+        print(json.dumps(report, indent=2))
+    return 0
 
 
-async def demo(workdir: Path, scenario: str, speed: float | None, logs: bool) -> int:
+def scenario_file(scenario: str) -> Path:
+    """A scenario file, or a built-in scenario by name; a clear error names the built-in ones."""
+    builtin = resources.files("runner.sim").joinpath("data", "scenarios")
+    path = Path(scenario) if "/" in scenario or scenario.endswith(".toml") else Path(str(builtin / f"{scenario}.toml"))
+    if not path.is_file():
+        names = sorted(entry.name.removesuffix(".toml") for entry in builtin.iterdir() if entry.name.endswith(".toml"))
+        raise CommandError(f"no sim scenario {scenario!r}: give a scenario file or one of {', '.join(names)}")
+    return path.resolve()
+
+
+async def demo(workdir: Path, scenario: Path, speed: float | None, logs: bool, out: TextIO) -> dict[str, Any]:
     data = read_toml(Path(str(resources.files("bot.data").joinpath("demo.toml"))))
     certs = write_dev_certs(workdir / "certs")
     runner_data = data["runner"]
     runner_data["listen"] = "127.0.0.1:0"
     runner_data["state_dir"] = str(workdir / "runner-state")
     runner_data["tls"] = {"cert": str(certs.runner_cert), "key": str(certs.runner_key), "client_ca": str(certs.ca)}
-    runner_data["engine"]["sim"]["scenario"] = scenario
+    runner_data["engine"]["sim"]["scenario"] = str(scenario)
     if speed is not None:
         runner_data["engine"]["sim"]["speed"] = speed
     daemon = RunnerDaemon(parse_runner_config(runner_data, base=workdir, origin="demo runner"))
@@ -55,16 +78,21 @@ async def demo(workdir: Path, scenario: str, speed: float | None, logs: bool) ->
             "clusters": clusters,
         }
         config = parse_bot_config(bot_data, base=workdir, origin="demo bot")
-        print(f"k3repro demo: runner gpu-a1 (sim host '{scenario}') on 127.0.0.1:{port}, mTLS, store {config.store}")
-        print("$ k3repro start cluster-a\n")
+        host = scenario.name.removesuffix(".toml")
+        print(
+            f"k3repro demo: runner gpu-a1 (sim host '{host}') on 127.0.0.1:{port}, mTLS, store {config.store}", file=out
+        )
+        print("$ k3repro start cluster-a\n", file=out)
         async with coordinator(config) as core:
             started = await core.start("cluster-a", operator(), via="demo")
-            print(f"run {started.run_id} · cluster cluster-a · runner {started.runner}", flush=True)
-            await core.follow(started, EventPrinter(logs=logs))
-        print("\n$ k3repro runs")
+            print(f"run {started.run_id} · cluster cluster-a · runner {started.runner}", file=out, flush=True)
+            printer = EventPrinter(out, logs=logs)
+            await core.follow(started, printer, printer.reconnecting)
+        print("\n$ k3repro runs", file=out)
         store = Store(config.store)
-        print(run_header(store.get_run(started.run_id)))
+        print(run_header(store.get_run(started.run_id)), file=out)
+        report = run_report(started.run_id, store.events(started.run_id))
         store.close()
     finally:
         await daemon.stop("demo finished")
-    return 0
+    return report

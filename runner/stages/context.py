@@ -15,6 +15,26 @@ from runner.vllm_cli import ServeCommand
 Emit = Callable[..., Awaitable[pb.RunEvent]]
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt at reproducing the failure: where it failed (or "" when it did not fail) and how."""
+
+    phase: str
+    category: str
+    signature: str
+    secondary_oom: bool = False
+    foreign: bool = False  # the launch started while other processes held GPU memory: not evidence
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    step: str
+    outcome: pb.LadderOutcome
+    detail: str
+    relaunched: bool
+    failure: Attempt | None = None
+
+
 @dataclass
 class StageResult:
     status: pb.StageStatus
@@ -33,7 +53,17 @@ class RunContext:
     engine: RunningEngine | None = None
     base_url: str = ""
     checklist: dict[pb.ChecklistId, tuple[pb.ChecklistState, str]] = field(default_factory=dict)
-    follower: Any = None  # the LogFollower of the live engine, set by minimal_launch
+    follower: Any = None  # the LogFollower of the live engine, set by each launch
+    running: ServeCommand | None = None  # what the live engine was launched with (None: no engine answers)
+    launches: int = 0  # GPU time is the scarce resource: every launch is counted
+    fingerprint: dict[str, Any] | None = None  # the frozen scene, set by freeze
+    stable: ServeCommand | None = None  # the last configuration that launched and answered
+    attempts: list[Attempt] = field(default_factory=list)  # every attempt at the failure being reproduced
+    steps: list[StepOutcome] = field(default_factory=list)  # the ladder, in order
+    holders: list[frozenset[int]] = field(default_factory=list)  # pids holding GPU memory before each launch
+    holder_notes: dict[int, str] = field(default_factory=dict)  # pid -> "pid 4242 (python3) 40960 MiB on 8 GPUs"
+    decision: pb.Decision = pb.DECISION_UNSPECIFIED  # set by verdict
+    reasons: list[str] = field(default_factory=list)
 
     async def check(self, item: pb.ChecklistId, state: pb.ChecklistState, evidence: str) -> None:
         """Records a checklist item once it has evidence (or changes), as an event."""

@@ -1,0 +1,154 @@
+"""Launching an engine command and following it to readiness or its first failure (used by every launch)."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import time
+from dataclasses import dataclass, replace
+
+import aiohttp
+
+from runner.analyzer import ErrorFinding
+from runner.ports import free_port
+from runner.redact import redactor
+from runner.stages.context import Attempt, RunContext
+from runner.stages.log_follower import LogFollower
+from runner.vllm_cli import ServeCommand
+
+POLL_S = 0.25
+DRAIN_POLL_S = 2.0
+
+
+@dataclass(frozen=True)
+class Launch:
+    command: ServeCommand  # as asked for, without the host and port the runner chose
+    line: str  # the command as launched, redacted, one shell line
+    ready: bool
+    summary: str
+    failure: Attempt | None = None  # how it failed: the first error, a hang, or an exit without one
+    error: ErrorFinding | None = None
+
+
+def attempt_of(ctx: RunContext, error: ErrorFinding) -> Attempt:
+    return Attempt(error.phase, error.category, error.signature, error.secondary_oom, foreign=foreign_now(ctx))
+
+
+def foreign_now(ctx: RunContext) -> bool:
+    """Whether the engine now running (or last launched) started while others held GPU memory."""
+    return bool(ctx.holders and ctx.holders[-1])
+
+
+def shell_line(command: ServeCommand) -> str:
+    return shlex.join(redactor().argv(command.argv()))
+
+
+async def launch(ctx: RunContext, command: ServeCommand, source: str) -> Launch:
+    """Stops the running engine (if any), starts `command` and follows it until it answers or fails.
+
+    A failed launch is stopped at once: its first error is certain, waiting longer only costs GPU time.
+    """
+    await release(ctx)
+    await _guard_gpu_memory(ctx)
+    host = ctx.config.engine.launch_host
+    port = free_port(host)
+    launched = command.with_flag("--host", host).with_flag("--port", str(port))
+    line = shell_line(launched)
+    ctx.launches += 1
+    ctx.engine = await ctx.backend.launch(launched.argv(), run_id=ctx.run_id, image=ctx.request.image)
+    ctx.follower = follower = LogFollower(ctx.engine, ctx.emit, source)
+    ctx.base_url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+    ctx.running = command
+    ready, summary, failure = await _until_ready(ctx, follower)
+    error = follower.first_error.result() if follower.first_error.done() else None
+    if not ready:
+        await release(ctx)
+    if error is not None:
+        failure = attempt_of(ctx, error)
+    elif failure is not None:
+        failure = replace(failure, foreign=foreign_now(ctx))
+    return Launch(command, line, ready, summary, failure, error)
+
+
+async def _guard_gpu_memory(ctx: RunContext) -> None:
+    """Leftover processes holding GPU memory are what causes secondary OOMs: report them before a launch,
+    wait (bounded) for them to drain when configured, and remember them so the launch is not taken as evidence."""
+    deadline = time.monotonic() + ctx.config.engine.foreign_memory_wait_s
+    while True:
+        view = await asyncio.to_thread(ctx.backend.nvml.read)
+        processes = view.processes if view.available else ()
+        if not processes or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(DRAIN_POLL_S)
+    per_pid: dict[int, list[int]] = {}
+    for process in processes:
+        per_pid.setdefault(process.pid, []).append(process.used_memory_mib)
+        name = f" ({process.name})" if process.name else ""
+        ctx.holder_notes[process.pid] = (
+            f"pid {process.pid}{name} {sum(per_pid[process.pid])} MiB on {len(per_pid[process.pid])} GPU(s)"
+        )
+    ctx.holders.append(frozenset(per_pid))
+    if per_pid:
+        await ctx.artifact(
+            "foreign_gpu_memory",
+            {
+                "note": "held by other processes when the launch started",
+                "holders": [ctx.holder_notes[p] for p in per_pid],
+            },
+        )
+
+
+async def release(ctx: RunContext) -> None:
+    """Stops the engine and lets its log follower send the last lines, so nothing arrives after the run ends."""
+    if ctx.engine is not None and ctx.engine.returncode is None:
+        await ctx.engine.stop(ctx.config.engine.stop_grace_s)
+    if ctx.follower is not None:
+        await ctx.follower.drain(timeout_s=5.0)
+    ctx.running = None
+
+
+async def _until_ready(ctx: RunContext, follower: LogFollower) -> tuple[bool, str, Attempt | None]:
+    engine_config = ctx.config.engine
+    deadline = time.monotonic() + engine_config.ready_timeout_s
+    async with aiohttp.ClientSession() as http:
+        while True:
+            if follower.first_error.done():
+                error = follower.first_error.result()
+                return False, f"failed in {error.phase} ({error.category}): {error.line}", None
+            if follower.ended:
+                if follower.first_error.done():
+                    continue
+                code = await ctx.engine.wait() if ctx.engine else None
+                last = follower.tail[-1] if follower.tail else "(no output)"
+                phase = follower.analyzer.phase or "container_init"
+                return (
+                    False,
+                    f"engine exited with code {code} before the API answered; last line: {last}",
+                    Attempt(phase, "other", f"exit {code} in {phase}"),
+                )
+            stall = follower.analyzer.stalled(time.monotonic(), engine_config.stall_timeout_s)
+            if stall is not None:
+                phase = stall.phase or "container_init"
+                return (
+                    False,
+                    f"hang: no progress in phase {phase} for {stall.idle_s:.0f} s; last line: {stall.last_line}",
+                    Attempt(phase, "other", f"hang in {phase}"),
+                )
+            if await healthy(http, ctx.base_url):
+                return True, f"API answered at {ctx.base_url} (/health 200)", None
+            if time.monotonic() > deadline:
+                phase = follower.analyzer.phase or "container_init"
+                return (
+                    False,
+                    f"not ready after {engine_config.ready_timeout_s:.0f} s",
+                    Attempt(phase, "other", f"not ready in {phase}"),
+                )
+            await asyncio.wait([follower.first_error], timeout=POLL_S)
+
+
+async def healthy(http: aiohttp.ClientSession, base_url: str) -> bool:
+    try:
+        async with http.get(f"{base_url}/health", timeout=aiohttp.ClientTimeout(total=2)) as response:
+            return response.status == 200
+    except (aiohttp.ClientError, TimeoutError):
+        return False

@@ -1,0 +1,118 @@
+"""The requests the method sends: the fixed request and its variants, one HTTP client for all of them."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import aiohttp
+
+from protos import runner_pb2 as pb
+from runner.stages.context import RunContext
+
+DEFAULT_BODY: dict[str, Any] = {
+    "messages": [{"role": "user", "content": "Reply with the word ready."}],
+    "max_tokens": 64,
+    "temperature": 0,
+}
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+FILLER = "The quick brown fox jumps over the lazy dog while the cluster keeps serving tokens."
+
+
+def api(ctx: RunContext) -> str:
+    return ctx.request.request.api or "chat"
+
+
+def fixed_body(ctx: RunContext) -> dict[str, Any]:
+    raw = ctx.request.request.body_json
+    body: dict[str, Any] = json.loads(raw) if raw else dict(DEFAULT_BODY)
+    body.setdefault("model", ctx.command.served_model_name)
+    return body
+
+
+def with_text(ctx: RunContext, text: str) -> dict[str, Any]:
+    """The fixed request with `text` as its input, in the same API form."""
+    body = fixed_body(ctx)
+    if api(ctx) == "chat":
+        body["messages"] = [{"role": "user", "content": text}]
+    else:
+        body["prompt"] = text
+    return body
+
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_gpu_status",
+        "description": "Report the status of one GPU of the cluster.",
+        "parameters": {
+            "type": "object",
+            "properties": {"gpu": {"type": "integer", "description": "GPU index"}},
+            "required": ["gpu"],
+        },
+    },
+}
+SCHEMA = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "status",
+        "schema": {"type": "object", "properties": {"ready": {"type": "boolean"}}, "required": ["ready"]},
+    },
+}
+
+
+def with_tools(ctx: RunContext) -> dict[str, Any]:
+    """The fixed request with a tool the model may call (agent traffic)."""
+    return {**fixed_body(ctx), "tools": [TOOL], "tool_choice": "auto"}
+
+
+def with_json_schema(ctx: RunContext) -> dict[str, Any]:
+    """The fixed request with a structured-output response format."""
+    return {**fixed_body(ctx), "response_format": SCHEMA}
+
+
+def filler(words: int, seed: str = "") -> str:
+    base = FILLER.split()
+    return " ".join([seed, *(base[i % len(base)] for i in range(words))]).strip()
+
+
+async def send(http: aiohttp.ClientSession, ctx: RunContext, body: dict[str, Any], attempt: int) -> pb.RequestResult:
+    """One request; whatever happens becomes a RequestResult (status 0 when nothing answered)."""
+    result = pb.RequestResult(attempt=attempt, max_tokens=int(body.get("max_tokens") or 0))
+    started = time.monotonic()
+    timeout = aiohttp.ClientTimeout(total=ctx.config.engine.request_timeout_s)
+    try:
+        async with http.post(f"{ctx.base_url}{PATHS[api(ctx)]}", json=body, timeout=timeout) as response:
+            result.http_status = response.status
+            answer = await response.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        answer = None
+    result.latency_s = round(time.monotonic() - started, 3)
+    if isinstance(answer, dict):
+        usage = answer.get("usage") or {}
+        result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        result.completion_tokens = int(usage.get("completion_tokens") or 0)
+        choices = answer.get("choices") or [{}]
+        result.finish_reason = str(choices[0].get("finish_reason") or "")
+        if "error" in answer:
+            error = answer["error"]
+            result.error = str(error.get("message") if isinstance(error, dict) else error)
+    return result
+
+
+async def get_json(http: aiohttp.ClientSession, url: str) -> Any:
+    text = await get_text(http, url)
+    try:
+        return json.loads(text) if text is not None else None
+    except json.JSONDecodeError:
+        return None
+
+
+async def get_text(http: aiohttp.ClientSession, url: str) -> str | None:
+    try:
+        async with http.get(url, timeout=aiohttp.ClientTimeout(total=10)) as response:
+            return await response.text() if response.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError):
+        return None

@@ -1,0 +1,150 @@
+"""verdict: the ten checklist items filled from the run's evidence, and the decision fix / isolate / continue."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from protos import runner_pb2 as pb
+from protos.vocab import CHECKLIST_IDS, from_id, to_id
+from runner.stages.context import RunContext, StageResult
+from runner.stages.launcher import shell_line
+
+HOLDS, FAILS, PENDING = pb.CHECKLIST_STATE_HOLDS, pb.CHECKLIST_STATE_FAILS, pb.CHECKLIST_STATE_PENDING
+ISOLATED_BY_MINIMAL = (
+    "the minimal launch runs with prefix caching off and already fails: prefix caching is not involved"
+)
+
+
+async def run(ctx: RunContext) -> StageResult:
+    await _first_error(ctx)
+    await _prefix_caching(ctx)
+    await _oom(ctx)
+    await _revertible(ctx)
+    await _repeated(ctx)
+    ctx.decision, ctx.reasons = decide(ctx)
+    return StageResult(pb.STAGE_STATUS_OK, f"{to_id(pb.Decision, ctx.decision)}: {ctx.reasons[0]}")
+
+
+def decide(ctx: RunContext) -> tuple[pb.Decision, list[str]]:
+    unstable = _instability(ctx)
+    if unstable:
+        return pb.DECISION_ISOLATE, unstable
+    missing = [item for item in CHECKLIST_IDS if _state(ctx, item) != HOLDS]
+    if not missing:
+        return pb.DECISION_FIX, ["all ten checklist items hold: fix in place, one change at a time"]
+    reasons = [f"no evidence yet for: {', '.join(missing)}"]
+    if any(ctx.holders):
+        holders = ", ".join(ctx.holder_notes[p] for p in sorted(frozenset().union(*ctx.holders)))
+        reasons.insert(
+            0, f"free the GPUs first: {holders}; launches that start with their memory held are not evidence"
+        )
+    if ctx.steps and not ctx.attempts:
+        reasons.insert(0, "the failure did not reproduce on this runner: every stage and ladder step held")
+    return pb.DECISION_CONTINUE, reasons
+
+
+def _state(ctx: RunContext, item: str) -> pb.ChecklistState:
+    return ctx.checklist.get(from_id(pb.ChecklistId, item), (PENDING, ""))[0]
+
+
+def _instability(ctx: RunContext) -> list[str]:
+    """What says the environment itself cannot be trusted (DESIGN §1, verdict: isolate)."""
+    reasons: list[str] = []
+    if len(set(ctx.holders)) > 1:
+        seen = "; ".join(
+            f"launch {n}: " + (", ".join(ctx.holder_notes[p] for p in sorted(pids)) or "none")
+            for n, pids in enumerate(ctx.holders, 1)
+        )
+        reasons.append(f"GPU state changed under us: other processes holding GPU memory came and went ({seen})")
+    failed = [a for a in ctx.attempts if a.phase and not a.foreign]
+    phases = list(dict.fromkeys(a.phase for a in failed))
+    if len(phases) > 1:
+        reasons.append(f"the same command fails at different phases from attempt to attempt: {', '.join(phases)}")
+    image: dict[str, Any] | None = (ctx.fingerprint or {}).get("image")
+    if image and image.get("id") and not image.get("repo_digests"):
+        reasons.append(f"image {image.get('ref')} has no registry digest: it cannot be pinned or rolled back")
+    return reasons
+
+
+async def _first_error(ctx: RunContext) -> None:
+    if _state(ctx, "first_error_saved") == HOLDS:
+        return
+    failure = next((s for s in ctx.steps if s.failure is not None), None)
+    if failure is not None and failure.failure is not None:
+        evidence = (
+            f"ladder step {failure.step}: {failure.failure.phase} · {failure.failure.category} · {failure.detail}"
+        )
+        await ctx.check(pb.CHECKLIST_ID_FIRST_ERROR_SAVED, HOLDS, evidence)
+    elif ctx.attempts:
+        await ctx.check(
+            pb.CHECKLIST_ID_FIRST_ERROR_SAVED, FAILS, "the launch failed without an error line (hang or exit)"
+        )
+    elif ctx.steps:
+        await ctx.check(pb.CHECKLIST_ID_FIRST_ERROR_SAVED, FAILS, "nothing failed: every stage and ladder step held")
+
+
+async def _prefix_caching(ctx: RunContext) -> None:
+    step = next((s for s in ctx.steps if s.step == "prefix_caching"), None)
+    if step is not None:
+        await ctx.check(
+            pb.CHECKLIST_ID_PREFIX_CACHING_ISOLATED, HOLDS, f"{to_id(pb.LadderOutcome, step.outcome)}: {step.detail}"
+        )
+    elif ctx.attempts and ctx.stable is None:
+        await ctx.check(pb.CHECKLIST_ID_PREFIX_CACHING_ISOLATED, HOLDS, ISOLATED_BY_MINIMAL)
+
+
+async def _oom(ctx: RunContext) -> None:
+    failures = [a for a in ctx.attempts if a.phase] + [s.failure for s in ctx.steps if s.failure is not None]
+    secondary = next((a for a in failures if a.secondary_oom), None)
+    holders = sorted(frozenset().union(*ctx.holders))
+    if secondary is not None:
+        cause = "memory held by other processes" if secondary.category == "oom" else secondary.category
+        await ctx.check(
+            pb.CHECKLIST_ID_OOM_NOT_SECONDARY, FAILS, f"the OOM in {secondary.phase} is secondary to {cause}"
+        )
+    elif holders:
+        names = ", ".join(ctx.holder_notes[p] for p in holders[:5])
+        await ctx.check(pb.CHECKLIST_ID_OOM_NOT_SECONDARY, FAILS, f"GPU memory held by other processes: {names}")
+    elif failures or ctx.steps:
+        ooms = [a for a in failures if a.category == "oom"]
+        evidence = "the OOM is the first error and no other process held GPU memory" if ooms else "no OOM seen"
+        await ctx.check(pb.CHECKLIST_ID_OOM_NOT_SECONDARY, HOLDS, evidence)
+
+
+async def _revertible(ctx: RunContext) -> None:
+    if ctx.stable is not None:
+        await ctx.check(pb.CHECKLIST_ID_REVERTIBLE_BASELINE, HOLDS, f"last stable: {shell_line(ctx.stable)}")
+    elif ctx.attempts:
+        await ctx.check(
+            pb.CHECKLIST_ID_REVERTIBLE_BASELINE, FAILS, "even the minimal launch fails: no stable configuration yet"
+        )
+
+
+async def _repeated(ctx: RunContext) -> None:
+    if ctx.attempts and all(a.foreign for a in ctx.attempts):
+        await ctx.check(
+            pb.CHECKLIST_ID_FAILURE_REPEATED,
+            PENDING,
+            "every attempt started while other processes held GPU memory: not evidence",
+        )
+        return
+    attempts = [a for a in ctx.attempts if not a.foreign]
+    if not attempts:
+        return
+    first = attempts[0]
+    same = [a for a in attempts if (a.phase, a.signature) == (first.phase, first.signature)]
+    if len(attempts) < 2:
+        await ctx.check(pb.CHECKLIST_ID_FAILURE_REPEATED, PENDING, "attempted once (engine.failure_attempts = 1)")
+    elif len(same) == len(attempts):
+        await ctx.check(
+            pb.CHECKLIST_ID_FAILURE_REPEATED,
+            HOLDS,
+            f"{len(attempts)} of {len(attempts)} attempts failed in {first.phase} with the same first error",
+        )
+    else:
+        seen = "; ".join(f"#{n}: {a.phase or 'no failure'}" for n, a in enumerate(attempts, 1))
+        await ctx.check(
+            pb.CHECKLIST_ID_FAILURE_REPEATED,
+            FAILS,
+            f"{len(same)} of {len(attempts)} attempts failed the same way ({seen})",
+        )

@@ -1,0 +1,143 @@
+"""The method end to end on the real runner and vllm-sim: minimal launch, repeats, ladder, verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bot.coordinator import Coordinator
+from bot.report import run_report
+from bot.store import AsyncStore
+from protos import runner_pb2 as pb
+from protos.vocab import to_id
+from runner.tls import DevCerts
+from tests.k3fixtures import bot_config, runner_data, running_runner
+
+HOLDS, FAILS = pb.CHECKLIST_STATE_HOLDS, pb.CHECKLIST_STATE_FAILS
+
+
+async def _run(certs: DevCerts, tmp_path: Path, scenario: str) -> list[pb.RunEvent]:
+    async with running_runner(runner_data(certs, tmp_path / "runner", scenario=scenario, speed=500)) as daemon:
+        config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"])
+        store = AsyncStore(config.store)
+        core = Coordinator(config, store)
+        events: list[pb.RunEvent] = []
+
+        async def keep(event: pb.RunEvent) -> None:
+            events.append(event)
+
+        await core.follow(await core.start("cluster-a", "U1"), keep)
+        store.close()
+    return events
+
+
+def _ladder(events: list[pb.RunEvent]) -> list[tuple[str, str, bool]]:
+    return [
+        (
+            to_id(pb.LadderStepId, e.ladder_step.step),
+            to_id(pb.LadderOutcome, e.ladder_step.outcome),
+            e.ladder_step.relaunched,
+        )
+        for e in events
+        if e.HasField("ladder_step")
+    ]
+
+
+def _checklist(events: list[pb.RunEvent]) -> dict[str, tuple[int, str]]:
+    latest: dict[str, tuple[int, str]] = {}
+    for e in events:
+        if e.HasField("checklist_item"):
+            latest[to_id(pb.ChecklistId, e.checklist_item.item)] = (e.checklist_item.state, e.checklist_item.evidence)
+    return latest
+
+
+def _stage(events: list[pb.RunEvent], stage: int) -> pb.StageFinished:
+    return next(e.stage_finished for e in events if e.HasField("stage_finished") and e.stage_finished.stage == stage)
+
+
+def _finished(events: list[pb.RunEvent]) -> pb.RunFinished:
+    return events[-1].run_finished
+
+
+async def test_prefix_caching_crash_is_found_by_its_ladder_step(certs: DevCerts, tmp_path: Path) -> None:
+    events = await _run(certs, tmp_path, "prefix-cache-crash")
+    assert _ladder(events) == [
+        ("prefix_caching", "crash", True),  # the minimal launch had it off: turning it on is a relaunch
+        ("long_input", "ok", True),  # the crash killed the server: back to the last stable configuration
+        ("max_model_len", "ok", True),
+        ("concurrency", "ok", False),  # request-level: the running server is reused
+        ("inter_node", "not_applicable", False),
+        ("tools_structured_output", "ok", True),
+    ]
+    ladder = _stage(events, pb.STAGE_LADDER)
+    assert ladder.status == pb.STAGE_STATUS_FAILED
+    assert ladder.summary.startswith("prefix_caching triggers the failure")
+    assert "illegal memory access" in ladder.summary
+    checks = _checklist(events)
+    assert checks["failure_repeated"][0] == HOLDS and "2 of 2 attempts" in checks["failure_repeated"][1]
+    assert checks["prefix_caching_isolated"][0] == HOLDS
+    assert (
+        checks["revertible_baseline"][0] == HOLDS and "--no-enable-prefix-caching" in checks["revertible_baseline"][1]
+    )
+    assert checks["oom_not_secondary"] == (HOLDS, "no OOM seen")
+    finished = _finished(events)
+    assert finished.decision == pb.DECISION_CONTINUE
+    assert "container_gpu_view_recorded" in finished.reasons[0]  # the sim host has no nvidia-smi in a container
+    report = run_report("r", events)
+    # minimal, prefix_caching, long_input (back to stable), max_model_len, tools, and the repeat of the trigger
+    assert (report["trigger_step"], report["candidates"], report["launches"]) == ("prefix_caching", [], 6)
+    assert report["first_error"]["phase"] == "request" and "illegal memory access" in report["first_error"]["line"]
+    assert report["checklist"]["failure_repeated"] is True
+
+
+async def test_max_model_len_beyond_kv_capacity_is_an_oom_at_its_step(certs: DevCerts, tmp_path: Path) -> None:
+    events = await _run(certs, tmp_path, "kv-capacity")
+    steps = _ladder(events)
+    assert steps[0] == ("prefix_caching", "cache_hit", True)
+    assert steps[2] == ("max_model_len", "oom", True)
+    assert [outcome for _, outcome, _ in steps].count("oom") == 1
+    signature = next(e.ladder_step.signature for e in events if e.ladder_step.step == pb.LADDER_STEP_ID_MAX_MODEL_LEN)
+    assert "KV cache is needed" in signature
+    assert _stage(events, pb.STAGE_LADDER).summary.startswith("max_model_len triggers the failure")
+    prefix = next(e.ladder_step.detail for e in events if e.ladder_step.step == pb.LADDER_STEP_ID_PREFIX_CACHING)
+    assert "served from the prefix cache" in prefix
+
+
+async def test_failure_at_minimal_launch_is_repeated_and_skips_the_ladder(certs: DevCerts, tmp_path: Path) -> None:
+    events = await _run(certs, tmp_path, "demo")
+    launches = _stage(events, pb.STAGE_MINIMAL_LAUNCH)
+    assert launches.status == pb.STAGE_STATUS_FAILED and "(2 of 2 attempts failed the same way)" in launches.summary
+    assert _stage(events, pb.STAGE_LADDER).status == pb.STAGE_STATUS_SKIPPED
+    assert _stage(events, pb.STAGE_VERDICT).status == pb.STAGE_STATUS_OK  # the verdict always runs
+    checks = _checklist(events)
+    assert checks["failure_repeated"][0] == HOLDS
+    assert checks["prefix_caching_isolated"][0] == HOLDS  # off in the minimal launch, which already fails
+    assert checks["revertible_baseline"][0] == FAILS
+    sources = {e.log_chunk.source for e in events if e.HasField("log_chunk")}
+    assert {"minimal_launch", "minimal_launch/attempt-2"} <= sources
+
+
+async def test_healthy_deployment_reports_that_nothing_failed(certs: DevCerts, tmp_path: Path) -> None:
+    events = await _run(certs, tmp_path, "healthy")
+    assert all(outcome in ("ok", "cache_hit", "not_applicable") for _, outcome, _ in _ladder(events))
+    checks = _checklist(events)
+    assert checks["first_error_saved"] == (FAILS, "nothing failed: every stage and ladder step held")
+    assert _finished(events).decision == pb.DECISION_CONTINUE
+
+
+async def test_leftover_process_makes_the_oom_secondary_and_the_launches_no_evidence(
+    certs: DevCerts, tmp_path: Path
+) -> None:
+    events = await _run(certs, tmp_path, "leftover-process")
+    holders = [e.artifact.content for e in events if e.artifact.name == "foreign_gpu_memory"]
+    assert len(holders) == 2 and all("pid 4242 (python3)" in h for h in holders)  # reported before each launch
+    first = next(e.first_error for e in events if e.HasField("first_error"))
+    assert (first.phase, first.category, first.secondary_oom) == (pb.PHASE_GPU_DETECT, pb.ERROR_CATEGORY_OOM, True)
+    checks = _checklist(events)
+    assert checks["oom_not_secondary"] == (
+        FAILS,
+        "the OOM in gpu_detect is secondary to memory held by other processes",
+    )
+    assert checks["failure_repeated"][0] == pb.CHECKLIST_STATE_PENDING
+    finished = _finished(events)
+    assert finished.decision == pb.DECISION_CONTINUE
+    assert finished.reasons[0].startswith("free the GPUs first: pid 4242 (python3)")

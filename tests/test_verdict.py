@@ -1,0 +1,76 @@
+"""The verdict's decision from the evidence a run gathered (isolate / continue / fix)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from protos import runner_pb2 as pb
+from protos.vocab import CHECKLIST_IDS, from_id
+from runner.config import parse_runner_config
+from runner.stages.context import Attempt, RunContext
+from runner.stages.verdict import decide, run
+from runner.vllm_cli import parse_launch_command
+
+
+def _context(tmp_path: Path, **fields: Any) -> RunContext:
+    config = parse_runner_config({"name": "r", "cluster": "c", "allowed_images": ["*"]}, base=tmp_path, origin="test")
+
+    async def emit(**_: object) -> pb.RunEvent:
+        return pb.RunEvent()
+
+    ctx = RunContext(
+        "run",
+        pb.StartRunRequest(),
+        parse_launch_command(["vllm", "serve", "m"]),
+        config,
+        None,
+        emit,  # type: ignore[arg-type]
+    )
+    for name, value in fields.items():
+        setattr(ctx, name, value)
+    return ctx
+
+
+def test_failures_at_different_phases_mean_isolate(tmp_path: Path) -> None:
+    ctx = _context(
+        tmp_path, attempts=[Attempt("gpu_detect", "nccl_comm", "a"), Attempt("weight_load", "weight_load", "b")]
+    )
+    decision, reasons = decide(ctx)
+    assert decision == pb.DECISION_ISOLATE
+    assert reasons == ["the same command fails at different phases from attempt to attempt: gpu_detect, weight_load"]
+
+
+def test_gpu_memory_holders_that_come_and_go_mean_isolate(tmp_path: Path) -> None:
+    ctx = _context(
+        tmp_path,
+        holders=[frozenset(), frozenset({4242})],
+        holder_notes={4242: "pid 4242 (python3) 100 MiB on 1 GPU(s)"},
+    )
+    decision, reasons = decide(ctx)
+    assert decision == pb.DECISION_ISOLATE
+    assert "GPU state changed under us" in reasons[0] and "launch 2: pid 4242" in reasons[0]
+
+
+def test_an_image_without_a_registry_digest_means_isolate(tmp_path: Path) -> None:
+    ctx = _context(
+        tmp_path, fingerprint={"image": {"ref": "vllm/vllm-openai:kimi-k3", "id": "sha256:1", "repo_digests": []}}
+    )
+    assert decide(ctx)[0] == pb.DECISION_ISOLATE
+
+
+def test_all_ten_items_holding_means_fix(tmp_path: Path) -> None:
+    holds = {from_id(pb.ChecklistId, item): (pb.CHECKLIST_STATE_HOLDS, "x") for item in CHECKLIST_IDS}
+    assert decide(_context(tmp_path, checklist=holds))[0] == pb.DECISION_FIX
+    del holds[pb.CHECKLIST_ID_FAILURE_REPEATED]
+    decision, reasons = decide(_context(tmp_path, checklist=holds))
+    assert (decision, reasons) == (pb.DECISION_CONTINUE, ["no evidence yet for: failure_repeated"])
+
+
+async def test_a_flaky_failure_is_not_repeated(tmp_path: Path) -> None:
+    ctx = _context(tmp_path, attempts=[Attempt("request", "other", "s"), Attempt("", "", "")])
+    await run(ctx)
+    state, evidence = ctx.checklist[pb.CHECKLIST_ID_FAILURE_REPEATED]
+    assert state == pb.CHECKLIST_STATE_FAILS
+    assert evidence == "1 of 2 attempts failed the same way (#1: request; #2: no failure)"
+    assert ctx.decision == pb.DECISION_CONTINUE  # one failed attempt and one clean one: not two phases
