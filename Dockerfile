@@ -26,4 +26,4 @@ CMD ["serve", "--config", "/etc/k3repro/runner.toml"]
 FROM base AS bot
 USER k3repro
 ENTRYPOINT ["k3repro-bot"]
-CMD ["resume", "--config", "/etc/k3repro/k3repro.toml"]
+CMD ["serve", "--config", "/etc/k3repro/k3repro.toml"]

@@ -18,14 +18,28 @@ CHECK_MARK = {pb.CHECKLIST_STATE_HOLDS: "☑", pb.CHECKLIST_STATE_FAILS: "☒", 
 INDENT = " " * 11
 
 
-def event_lines(event: pb.RunEvent, *, logs: bool = False) -> list[str]:
-    """The lines to print for one event; [] for events a reader does not need (heartbeats, logs by default)."""
-    kind = event.WhichOneof("payload")
-    stamp = event.at.ToDatetime(tzinfo=UTC).strftime("%H:%M:%S")
-    body = _BODY.get(kind or "", _nothing)(getattr(event, kind) if kind else None, logs)
-    if not body:
-        return []
-    return [f"[{stamp}] {body[0]}", *(f"{INDENT}{line}" for line in body[1:])]
+class TextRenderer:
+    """A run's events as text, in order. A first error already shown in full (a repeat attempt, a ladder step
+    reproducing it) is shown again in one line, so the terminal stays readable."""
+
+    def __init__(self, *, logs: bool = False) -> None:
+        self.logs = logs
+        self._shown: set[str] = set()
+
+    def lines(self, event: pb.RunEvent) -> list[str]:
+        """The lines to print for one event; [] for events a reader does not need (heartbeats, logs by default)."""
+        kind = event.WhichOneof("payload")
+        stamp = event.at.ToDatetime(tzinfo=UTC).strftime("%H:%M:%S")
+        if kind == "first_error" and event.first_error.signature in self._shown:
+            error = event.first_error
+            body = [f"  the same first error again in {to_id(pb.Phase, error.phase)}: {error.line}"]
+        else:
+            body = _BODY.get(kind or "", _nothing)(getattr(event, kind) if kind else None, self.logs)
+        if kind == "first_error":
+            self._shown.add(event.first_error.signature)
+        if not body:
+            return []
+        return [f"[{stamp}] {body[0]}", *(f"{INDENT}{line}" for line in body[1:])]
 
 
 def _nothing(_: Any, __: bool) -> list[str]:

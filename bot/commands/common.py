@@ -12,7 +12,7 @@ from typing import TextIO
 
 from bot.config import BotConfig, config_path, load_bot_config
 from bot.coordinator import Coordinator
-from bot.render import event_lines
+from bot.render import TextRenderer
 from bot.store import AsyncStore
 from protos import runner_pb2 as pb
 
@@ -43,10 +43,10 @@ class EventPrinter:
 
     def __init__(self, out: TextIO = sys.stdout, *, logs: bool = False) -> None:
         self.out = out
-        self.logs = logs
+        self.renderer = TextRenderer(logs=logs)
 
     async def __call__(self, event: pb.RunEvent) -> None:
-        for line in event_lines(event, logs=self.logs):
+        for line in self.renderer.lines(event):
             print(line, file=self.out, flush=True)
 
     async def reconnecting(self, problem: str) -> None:

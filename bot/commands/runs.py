@@ -10,7 +10,7 @@ from google.protobuf import json_format
 
 from bot.commands.common import CommandError, coordinator, load_config, operator
 from bot.coordinator import StartRefused
-from bot.render import event_lines, run_header
+from bot.render import TextRenderer, run_header
 from bot.store import RunNotFound, Store
 
 
@@ -55,8 +55,9 @@ def show_run(args: argparse.Namespace) -> int:
         print(json.dumps(payload, indent=2))
         return 0
     print(run_header(run))
+    renderer = TextRenderer(logs=args.logs)
     for event in events:
-        for line in event_lines(event, logs=args.logs):
+        for line in renderer.lines(event):
             print(line)
     return 0
 
