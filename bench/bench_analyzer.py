@@ -2,17 +2,23 @@
 
 1. Corpus: lines/s of StreamAnalyzer.feed over the 48 labelled logs, and of a plain loop that only strips
    process prefixes with the same regex (the floor any line-by-line Python analysis pays).
-2. Big file (--size-mb, issue 3 asks for >= 500): a log built from a healthy corpus start-up, its serving
-   lines repeated, and a failing log at the end; analyze_path's MB/s and peak memory (in a child
-   process, at a quarter and at the full size, to show memory stays flat), and the time ratio to
-   `grep -c -E 'Error|Exception'` over the same file.
+2. Big files (--size-mb, issue 3 asks for >= 500): serving lines of the healthy corpus logs (access
+   logs, stats, requests with their prompts, warnings) repeated, with corpus logs interleaved, in two
+   layouts: `interleaved` spreads all 48 logs, healthy and failing, evenly through the file;
+   `error-at-end` spreads the healthy ones and puts the failing ones at the end, so no first error is
+   known until the last MiB (the scan must look for every error needle all the way).
+   For each: analyze_path's time (best of --repeat fresh processes, Hyperscan compilation included),
+   MB/s and peak RSS at a quarter and at the full size (memory flat in the file size), and the ratio to
+   `grep -c -E 'Error|Exception'` over the same file (best of --repeat). For reference, the streaming
+   path (every line read, as for a pipe) on the quarter-size file.
 
-Run: .venv/bin/python bench/bench_analyzer.py [--size-mb 512] [--corpus DIR]
+Run: .venv/bin/python bench/bench_analyzer.py [--size-mb 512] [--repeat 3] [--corpus DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import resource
@@ -26,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from runner.analyzer import StreamAnalyzer, default_rules  # noqa: E402
+from runner.analyzer import StreamAnalyzer, default_rules, scan  # noqa: E402
 
 DEFAULT_CORPUS = Path(os.environ.get("K3REPRO_CORPUS", REPO.parent / "shared" / "corpus"))
 
@@ -72,35 +78,43 @@ def healthy_and_failing(corpus: Path) -> tuple[list[str], list[str]]:
     return healthy, failing
 
 
-def build_big_log(logs: dict[str, list[str]], corpus: Path, path: Path, size_mb: int) -> int:
-    """Healthy start-ups, their serving lines repeated up to size_mb, then every failing log (so the
-    analysis reads everything before it finds the first error)."""
+def build_big_log(logs: dict[str, list[str]], corpus: Path, path: Path, size_mb: int, layout: str) -> int:
+    """Serving noise up to size_mb with corpus logs interleaved (see the module docstring)."""
     healthy, failing = healthy_and_failing(corpus)
-    head = [line for name in healthy for line in logs[name]]
     serving: list[str] = []
     for name in healthy:
         lines = logs[name]
         marks = [i for i, line in enumerate(lines) if "Application startup complete" in line]
         serving += lines[marks[0] + 1 :] if marks else []
     block = ("\n".join(serving) + "\n").encode()
-    tail = ("\n".join(line for name in failing for line in logs[name]) + "\n").encode()
+    spread = sorted(logs) if layout == "interleaved" else healthy
+    inserts = [("\n".join(logs[name]) + "\n").encode() for name in spread]
+    tail = b"" if layout == "interleaved" else ("\n".join(line for n in failing for line in logs[n]) + "\n").encode()
     target = size_mb << 20
+    step = target // len(inserts)
     with path.open("wb") as out:
-        out.write(("\n".join(head) + "\n").encode())
-        while out.tell() < target:
-            out.write(block)
+        for i, log in enumerate(inserts):
+            out.write(log)
+            while out.tell() < (i + 1) * step:
+                out.write(block)
         out.write(tail)
         return out.tell()
 
 
-def child_analysis(path: Path) -> dict[str, float]:
-    """Run analyze_path in a fresh process: its wall time and peak RSS are its own."""
+def child(path: Path, streaming: bool = False) -> dict[str, float]:
+    """Analyze in a fresh process: its wall time and peak RSS are its own."""
+    call = (
+        f"analyze_lines(iter_lines(open({str(path)!r}, 'rb'), max_line_chars=default_rules().line.max_chars))"
+        if streaming
+        else f"analyze_path({str(path)!r})"
+    )
     code = (
         "import json, resource, sys, time\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
-        "from runner.analyzer import analyze_path\n"
+        "from runner.analyzer import analyze_lines, analyze_path, default_rules\n"
+        "from runner.analyzer.reader import iter_lines\n"
         "t = time.perf_counter()\n"
-        f"a = analyze_path({str(path)!r})\n"
+        f"a = {call}\n"
         "print(json.dumps({'s': time.perf_counter() - t, 'rss_kib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,"
         " 'lines': a.lines, 'category': a.first_error.category if a.first_error else None}))\n"
     )
@@ -109,47 +123,66 @@ def child_analysis(path: Path) -> dict[str, float]:
     return data
 
 
-def bench_big(logs: dict[str, list[str]], corpus: Path, size_mb: int) -> None:
+def best(runs: list[dict[str, float]]) -> dict[str, float]:
+    return min(runs, key=lambda r: r["s"])
+
+
+def grep_s(grep: str, path: Path, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        subprocess.run([grep, "-c", "-E", "Error|Exception", str(path)], capture_output=True, check=False)
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def bench_big(logs: dict[str, list[str]], corpus: Path, size_mb: int, repeat: int) -> None:
     grep = shutil.which("grep")
-    with tempfile.TemporaryDirectory() as tmp:
-        quarter = Path(tmp) / "quarter.log"
-        full = Path(tmp) / "full.log"
-        build_big_log(logs, corpus, quarter, max(1, size_mb // 4))
-        size = build_big_log(logs, corpus, full, size_mb)
-        small = child_analysis(quarter)
-        big = child_analysis(full)
-        grep_s = float("nan")
-        if grep:
-            start = time.perf_counter()
-            subprocess.run([grep, "-c", "-E", "Error|Exception", str(full)], capture_output=True, check=False)
-            grep_s = time.perf_counter() - start
-    mb = size / (1 << 20)
-    print(f"big file: {mb:.0f} MiB, {big['lines']:,.0f} lines, first error category {big['category']}")
-    print(
-        f"  analyze_path      {big['s']:8.2f} s  {mb / big['s']:8.1f} MiB/s  {big['lines'] / big['s']:12,.0f} lines/s"
-    )
-    print(f"  grep -c -E        {grep_s:8.2f} s  {mb / grep_s:8.1f} MiB/s")
-    print(f"  ratio             {big['s'] / grep_s:8.1f}x grep's time")
-    print(
-        f"  peak RSS          {small['rss_kib'] / 1024:8.1f} MiB at {mb / 4:.0f} MiB input, "
-        f"{big['rss_kib'] / 1024:.1f} MiB at {mb:.0f} MiB input"
-    )
+    if grep is None:
+        print("no grep: big-file ratios skipped", file=sys.stderr)
+        return
+    for layout in ("error-at-end", "interleaved"):
+        with tempfile.TemporaryDirectory() as tmp:
+            quarter = Path(tmp) / "quarter.log"
+            full = Path(tmp) / "full.log"
+            build_big_log(logs, corpus, quarter, max(1, size_mb // 4), layout)
+            size = build_big_log(logs, corpus, full, size_mb, layout)
+            small = child(quarter)
+            big = best([child(full) for _ in range(repeat)])
+            reference = grep_s(grep, full, repeat)
+            streamed = child(quarter, streaming=True) if layout == "error-at-end" else None
+        mb = size / (1 << 20)
+        print(f"big file, {layout}: {mb:.0f} MiB, {big['lines']:,.0f} lines, first error category {big['category']}")
+        print(f"  analyze_path      {big['s']:8.2f} s  {mb / big['s']:8.1f} MiB/s")
+        print(f"  grep -c -E        {reference:8.2f} s  {mb / reference:8.1f} MiB/s")
+        print(f"  ratio             {big['s'] / reference:8.1f}x grep's time")
+        print(
+            f"  peak RSS          {small['rss_kib'] / 1024:8.1f} MiB at {mb / 4:.0f} MiB input, "
+            f"{big['rss_kib'] / 1024:.1f} MiB at {mb:.0f} MiB input"
+        )
+        if streamed is not None:
+            print(
+                f"  streaming (pipe)  {streamed['s']:8.2f} s  {mb / 4 / streamed['s']:8.1f} MiB/s at {mb / 4:.0f} MiB"
+            )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
     parser.add_argument("--rounds", type=int, default=5, help="passes over the corpus")
-    parser.add_argument("--size-mb", type=int, default=64, help="size of the built big log (0 skips it)")
+    parser.add_argument("--size-mb", type=int, default=512, help="size of the built big logs (0 skips them)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each timed command; the best counts")
     args = parser.parse_args()
     logs = corpus_logs(args.corpus)
     if not logs:
         print(f"no corpus logs under {args.corpus}/logs", file=sys.stderr)
         return 2
     print(f"python {sys.version.split()[0]}")
+    fast = scan.usable(io.BytesIO(), default_rules())
+    print(f"whole-file analysis: {'Hyperscan scan' if fast else 'no Hyperscan, every line is read'}")
     bench_corpus(logs, args.rounds)
     if args.size_mb:
-        bench_big(logs, args.corpus, args.size_mb)
+        bench_big(logs, args.corpus, args.size_mb, args.repeat)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"bench process peak RSS {peak:.0f} MiB")
     return 0

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from runner.analyzer import scan
 from runner.analyzer.reader import SNIFF_BYTES, InputError, PrefixedReader, iter_lines, looks_binary
 from runner.analyzer.rules import Rules, default_rules
 from runner.analyzer.stream import ErrorFinding, StreamAnalyzer
@@ -58,13 +60,15 @@ class Analysis:
         return "\n".join(out)
 
 
-def _finish(analyzer: StreamAnalyzer) -> Analysis:
+def _finish(analyzer: StreamAnalyzer, context: tuple[str, ...] | None = None) -> Analysis:
     analyzer.close()
     error = analyzer.first_error
     if error is not None and analyzer.secondary_oom != error.secondary_oom:
         # An OOM that followed a different first error is only known after the finding went out.
         hint = f"{error.hint} {analyzer.rules.secondary_oom_hint}".strip()
-        error = ErrorFinding(**{**error.__dict__, "secondary_oom": True, "hint": hint})
+        error = replace(error, secondary_oom=True, hint=hint)
+    if error is not None and context is not None:
+        error = replace(error, context=context)
     return Analysis(error, analyzer.phases_seen, analyzer.healthy, analyzer.lines)
 
 
@@ -89,11 +93,20 @@ def analyze_stream(
     stream: BinaryIO, name: str = "-", rules: Rules | None = None, *, max_bytes: int | None = None
 ) -> Analysis:
     """A log read from a byte stream (a file, a pipe), with memory flat in its size. InputError for
-    binary data or more than max_bytes."""
+    binary data or more than max_bytes. A file is scanned for the lines that matter (runner.analyzer.scan),
+    with the same result."""
     rules = rules or default_rules()
+    fast = scan.usable(stream, rules)
+    start = stream.tell() if fast else 0
     head = stream.read(SNIFF_BYTES)
     if looks_binary(head):
         raise InputError(f"{name}: binary data, not a text log")
+    if fast:
+        size = stream.seek(0, io.SEEK_END) - start
+        if max_bytes is not None and size > max_bytes:
+            raise InputError(f"input is larger than {max_bytes // (1 << 20)} MiB")
+        stream.seek(start)
+        return _finish(*scan.analyze_file(stream, rules))
     reader = PrefixedReader(head, stream)
     return analyze_lines(iter_lines(reader, max_line_chars=rules.line.max_chars, max_bytes=max_bytes), rules)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from protos.vocab import CATEGORIES, PHASES
+from runner.analyzer.needles import needles_of
 
 RuleKind = Literal["root", "wrapper", "benign"]
 _KINDS: tuple[RuleKind, ...] = ("root", "wrapper", "benign")
@@ -89,6 +90,18 @@ class ErrorRule:
 
 
 @dataclass(frozen=True)
+class ScanSyntax:
+    """What whole-file analysis searches for: the literal needles of the patterns (runner.analyzer.needles)."""
+
+    errors: frozenset[str]  # lines that can open or name an error: rules, exceptions, error levels, tracebacks
+    oom: frozenset[str]  # a later OOM (all that matters of errors once the first is known)
+    edges: Mapping[str, frozenset[str]]  # needles of each marker's and context edge's pattern, by pattern
+
+    def of(self, pattern: re.Pattern[str]) -> frozenset[str]:
+        return self.edges[pattern.pattern]
+
+
+@dataclass(frozen=True)
 class Rules:
     line: LineSyntax
     traceback: TracebackSyntax
@@ -109,6 +122,7 @@ class Rules:
     rule_gate: re.Pattern[str]
     oom_gate: re.Pattern[str]
     frame_gate: re.Pattern[str]
+    scan: ScanSyntax | None  # None when some pattern has no literal: whole-file analysis reads every line
 
     def category_hint(self, category: str) -> str:
         return self.hints.get(category, self.hints.get("other", ""))
@@ -273,6 +287,7 @@ def parse_rules(data: Mapping[str, Any], origin: str = "rules.toml") -> Rules:
     missing = [c for c in CATEGORIES if c not in hints]
     if missing:
         raise RulesError(f"hints: no hint for categories: {', '.join(missing)}")
+    scan = _scan(syntax, traceback, markers, contexts, rules)
     sig = top.table("signature")
     replacements: list[tuple[re.Pattern[str], str]] = []
     for i, pair in enumerate(sig.items("replace")):
@@ -297,6 +312,28 @@ def parse_rules(data: Mapping[str, Any], origin: str = "rules.toml") -> Rules:
         rule_gate=gate((r.pattern for r in rules), "rule gate"),
         oom_gate=gate((r.pattern for r in rules if r.category == "oom"), "oom gate"),
         frame_gate=gate((h.pattern for h in frame_hints), "frame gate"),
+        scan=scan,
+    )
+
+
+def _scan(
+    syntax: LineSyntax,
+    traceback: TracebackSyntax,
+    markers: Iterable[Marker],
+    contexts: Iterable[Context],
+    rules: Iterable[ErrorRule],
+) -> ScanSyntax | None:
+    """Needles of every pattern whose lines whole-file analysis must not jump over."""
+    errors = needles_of([traceback.start, traceback.frame, traceback.standalone, *(r.pattern for r in rules)])
+    oom = needles_of(r.pattern for r in rules if r.category == "oom")
+    patterns = [m.pattern for m in markers] + [p for c in contexts for p in (c.start, c.end)]
+    edges = {p.pattern: needles_of([p]) for p in patterns}
+    if errors is None or oom is None or any(n is None for n in edges.values()):
+        return None
+    return ScanSyntax(
+        errors=errors | syntax.error_levels,
+        oom=oom,
+        edges={k: v for k, v in edges.items() if v is not None},
     )
 
 

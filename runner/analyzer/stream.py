@@ -32,7 +32,7 @@ from runner.analyzer.signature import signature
 _PHASE_ORDER = {phase: i for i, phase in enumerate(PHASES)}
 _IDLE, _FRAMES, _MESSAGE = 0, 1, 2
 _RULE, _GENERIC, _WEAK, _WRAPPER = 1, 2, 3, 4
-_CONTEXT_BEFORE = 3  # lines of the same stream kept before an error
+CONTEXT_BEFORE = 3  # lines of the same stream kept before an error
 _CONTEXT_AFTER = 3  # message lines kept after it while it is still uncertain
 _MAX_STREAMS = 512  # streams are keyed by pid; old ones are forgotten past this many
 _MAX_WEAK = 16
@@ -70,6 +70,20 @@ class Stall:
     last_line: str
 
 
+@dataclass(frozen=True)
+class Watch:
+    """What a line must contain to change the result (StreamAnalyzer.watch): a literal of `any_line`,
+    or, in a line logged at an error level or not logged, a literal of `error_line`. None at all: the
+    result is final."""
+
+    any_line: frozenset[str]
+    error_line: frozenset[str]
+
+    @property
+    def final(self) -> bool:
+        return not (self.any_line or self.error_line)
+
+
 @dataclass(slots=True)
 class _Candidate:
     line_no: int
@@ -92,7 +106,7 @@ class _Candidate:
 @dataclass(slots=True)
 class _Stream:
     state: int = _IDLE
-    recent: deque[str] = field(default_factory=lambda: deque(maxlen=_CONTEXT_BEFORE))
+    recent: deque[str] = field(default_factory=lambda: deque(maxlen=CONTEXT_BEFORE))
     frame_phase: str | None = None
     suppress: bool = False  # the next traceback belongs to a benign header
     header: _Candidate | None = None  # a logged ERROR line: heads a traceback if the next line starts one
@@ -132,6 +146,8 @@ class StreamAnalyzer:
         self._rule_list = self.rules.rules
         self._active_markers: tuple[Marker, ...] = ()
         self._quiet_gate = self._refresh_quiet()
+        self._watch_cache: dict[tuple[bool, tuple[Marker, ...], bool], Watch] = {}
+        self._touched: dict[tuple[str, str], _Stream] = {}  # streams that may be busy (see watch())
 
     # -- public state ---------------------------------------------------------------------------
 
@@ -168,6 +184,52 @@ class StreamAnalyzer:
     @property
     def lines(self) -> int:
         return self._n
+
+    def watch(self) -> Watch | None:
+        """For whole-file analysis, which jumps over lines: None while every line must be read (a
+        traceback, message or header is open, or the rules have no needles); else the literals a line
+        must contain to change the result from here on."""
+        if self.rules.scan is None or self._open:
+            return None
+        key: tuple[bool, tuple[Marker, ...], bool]
+        if self._first_error is None:
+            ok = _idle
+            # Until readiness every marker counts (start-ups are short): fewer needle sets to compile.
+            key = (True, self._active_markers if self._ready else self.rules.markers, False)
+        else:
+            # Only a later OOM (secondary_oom; not in a suppressed traceback) and markers of phases not
+            # seen yet can still count. While a phase is unseen every marker that can move the phase
+            # matters: on a line with several markers the first active one wins.
+            emitted = self._emitted
+            oom = bool(self._rule_list) and emitted is not None and emitted.tier <= _GENERIC and not self.secondary_oom
+            markers = self._active_markers if any(m.phase not in self._phases_seen for m in self.rules.markers) else ()
+
+            def ok(st: _Stream) -> bool:
+                return not (oom and st.suppress)
+
+            key = (False, markers, oom)
+        for stream_key, st in list(self._touched.items()):
+            if self._streams.get(stream_key) is st and not ok(st):
+                return None
+            del self._touched[stream_key]
+        found = self._watch_cache.get(key)
+        if found is None:
+            found = self._watch_cache[key] = self._needles(key)
+        return found
+
+    def _needles(self, key: tuple[bool, tuple[Marker, ...], bool]) -> Watch:
+        scan = self.rules.scan
+        assert scan is not None
+        first, markers, oom = key
+        edges = [m.pattern for m in markers]
+        if first:
+            edges += [p for c in self.rules.contexts for p in (c.start, c.end)]
+            return Watch(frozenset[str]().union(*map(scan.of, edges)), scan.errors)
+        return Watch(frozenset[str]().union(*map(scan.of, edges)), scan.oom if oom else frozenset())
+
+    def skip(self, count: int) -> None:
+        """Count lines that watch() said cannot change the result, without reading them."""
+        self._n += count
 
     def stalled(self, now: float, threshold_s: float) -> Stall | None:
         """A hang: no progress line for threshold_s (lines vLLM repeats while waiting do not count).
@@ -237,6 +299,7 @@ class StreamAnalyzer:
         st = self._streams.get(key)
         if st is None:
             st = self._new_stream(key)
+        self._touched[key] = st  # only its own lines make a stream busy
         other = self._last_key_of_proc.get(ll.proc)
         if other is not None and other != key:
             # One process writes sequentially: a line of its other stream ends this one's message.
@@ -267,14 +330,18 @@ class StreamAnalyzer:
             st.state = _IDLE
             st.suppress = False
         elif self.rules.line.code.match(msg):
-            # Source lines: a traceback's frames (also when an excerpt starts inside one).
+            # Source lines: a traceback's frames. Outside one only a frame line opens it (an excerpt
+            # that starts inside a traceback); other indented text is no error.
             if st.state == _MESSAGE:
                 self._continue_message(st, ll, match_rules=False)
-            else:
+            elif st.state == _FRAMES or tb.frame.match(msg):
                 st.state = _FRAMES
                 self._frame(st, msg)
         elif st.state == _FRAMES and tb.exception.match(msg):
             self._exception(st, ll)
+            # Markers count in every line but traceback source and structure, whatever the stream's
+            # state: so whole-file analysis need not follow tracebacks once the first error is known.
+            self._quiet(ll, out)
         else:
             if st.state == _MESSAGE:
                 self._continue_message(st, ll, match_rules=True)
@@ -286,8 +353,12 @@ class StreamAnalyzer:
 
     def _new_stream(self, key: tuple[str, str]) -> _Stream:
         if len(self._streams) >= _MAX_STREAMS:
-            for old in list(self._streams)[: _MAX_STREAMS // 4]:
+            # The oldest idle streams go first: how many idle ones a log had must not change its result
+            # (whole-file analysis never sees the streams of lines it jumps over).
+            by_age = sorted(self._streams, key=lambda k: not _idle(self._streams[k]))
+            for old in by_age[: _MAX_STREAMS // 4]:
                 stream = self._streams.pop(old)
+                self._touched.pop(old, None)
                 if stream.header is not None:
                     self._add_weak(stream.header)
         st = _Stream()
@@ -616,6 +687,18 @@ class StreamAnalyzer:
             self._phases_seen.append(phase)
         if self._marker_phase != before:
             out.append(PhaseFinding(phase, ll.display, self._n))
+
+
+def _idle(st: _Stream) -> bool:
+    """Nothing open in the stream: a line without needles cannot change what its next lines mean."""
+    return (
+        st.state == _IDLE
+        and not st.suppress
+        and st.frame_phase is None
+        and st.header is None
+        and st.reservation is None
+        and st.pending is None
+    )
 
 
 def _later(phase: str | None, than: str | None) -> bool:
