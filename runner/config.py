@@ -19,6 +19,15 @@ class TlsFiles:
 
 
 @dataclass(frozen=True)
+class DockerSettings:
+    """`[engine.docker]`: how the docker backend runs the image (the model cache is usually a volume)."""
+
+    gpus: bool = True  # `--gpus all`, as the deployment runs
+    volumes: tuple[str, ...] = ()  # "host:container[:ro]", e.g. the Hugging Face cache
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     backend: str = "process"
     launch_host: str = "127.0.0.1"
@@ -30,6 +39,7 @@ class EngineConfig:
     foreign_memory_wait_s: float = 0.0  # before a launch, wait this long for other processes' GPU memory to drain
     sim_scenario: str = ""  # sim backend only: a built-in scenario name or a path
     sim_speed: float = 1.0
+    docker: DockerSettings = field(default_factory=DockerSettings)
 
 
 @dataclass(frozen=True)
@@ -71,6 +81,10 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
         )
     engine_reader = TomlReader(reader.table("engine"), f"{origin} [engine]")
     sim_reader = TomlReader(engine_reader.table("sim"), f"{origin} [engine.sim]")
+    docker_reader = TomlReader(engine_reader.table("docker"), f"{origin} [engine.docker]")
+    docker_env = docker_reader.table("env")
+    if not all(isinstance(v, str) for v in docker_env.values()):
+        raise ConfigError(f"{origin} [engine.docker]: 'env' values must be strings")
     backend = engine_reader.text("backend", "process")
     if backend not in BACKENDS:
         raise ConfigError(f"{origin} [engine]: backend {backend!r} is not one of {', '.join(BACKENDS)}")
@@ -89,6 +103,11 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
         foreign_memory_wait_s=engine_reader.number("foreign_memory_wait_s", defaults.foreign_memory_wait_s),
         sim_scenario=scenario,
         sim_speed=sim_reader.number("speed", defaults.sim_speed),
+        docker=DockerSettings(
+            gpus=docker_reader.flag("gpus", True),
+            volumes=tuple(docker_reader.texts("volumes")),
+            env=tuple(sorted(docker_env.items())),
+        ),
     )
     config = RunnerConfig(
         name=reader.text("name"),

@@ -42,6 +42,9 @@ class TomlReader:
         result: str = self._get(key, _REQUIRED if default is None else default, (str,), "a string")
         return result
 
+    def flag(self, key: str, default: bool) -> bool:
+        return bool(self._get(key, default, (bool,), "true or false"))
+
     def number(self, key: str, default: float) -> float:
         return float(self._get(key, default, (int, float), "a number"))
 

@@ -55,7 +55,13 @@ async def running_runner(data: dict[str, Any]) -> AsyncIterator[RunnerDaemon]:
 
 
 def bot_config(
-    certs: DevCerts | None, store: Path, runners: list[str], *, launch: str = KIMI_LAUNCH, **extra: Any
+    certs: DevCerts | None,
+    store: Path,
+    runners: list[str],
+    *,
+    launch: str = KIMI_LAUNCH,
+    image: str = "vllm/vllm-openai:kimi-k3",
+    **extra: Any,
 ) -> BotConfig:
     data: dict[str, Any] = {
         "store": str(store),
@@ -64,7 +70,7 @@ def bot_config(
         "clusters": {
             "cluster-a": {
                 "runners": runners,
-                "image": "vllm/vllm-openai:kimi-k3",
+                "image": image,
                 "launch": launch,
                 "profile": "kimi-k3",
                 "request": {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from runner.config import EngineConfig
 from runner.engines.base import EngineBackend, LogLine, RunningEngine
+from runner.engines.docker import DockerBackend
 from runner.engines.process import ProcessBackend
 from runner.engines.sim import SimBackend
 
@@ -15,4 +16,6 @@ def make_backend(config: EngineConfig) -> EngineBackend:
         return SimBackend(config.sim_scenario, config.sim_speed)
     if config.backend == "process":
         return ProcessBackend()
+    if config.backend == "docker":
+        return DockerBackend(config.docker)
     raise ValueError(f"engine backend {config.backend!r} is not available on this runner")

@@ -103,6 +103,9 @@ class ProcessBackend:
     def command(self, argv: list[str]) -> list[str]:
         return argv
 
+    def remove_leftovers(self, run_ids: set[str]) -> int:
+        return kill_leftovers(run_ids)
+
     async def launch(self, argv: list[str], *, run_id: str, image: str) -> ProcessEngine:
         process = await asyncio.create_subprocess_exec(
             *self.command(argv),
@@ -116,7 +119,7 @@ class ProcessBackend:
         return ProcessEngine(process)
 
 
-def kill_leftovers(run_ids: set[str]) -> list[int]:
+def kill_leftovers(run_ids: set[str]) -> int:
     """Kills the process groups of processes marked with one of `run_ids` (after a runner restart)."""
     killed: list[int] = []
     marks = {f"{RUN_ID_ENV}={run_id}".encode() for run_id in run_ids}
@@ -132,4 +135,4 @@ def kill_leftovers(run_ids: set[str]) -> list[int]:
         if env & marks and pgid not in killed:
             _signal_group(pgid, signal.SIGKILL)
             killed.append(pgid)
-    return killed
+    return len(killed)

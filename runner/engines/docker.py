@@ -1,0 +1,141 @@
+"""The docker engine: the launch command runs in a container of the (allowlisted) image, on the host network.
+
+Containers carry the run id as a label, so stopping a run and cleaning up after a runner restart find every
+container a run started. A container the engine refuses to create (no NVIDIA runtime for `--gpus all`, a
+missing image) is reported the way `docker run` reports it, so the analyzer sees a container_init failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+from runner.config import DockerSettings
+from runner.engines.base import LogLine
+from runner.fingerprint import ImageTarget
+from runner.fingerprint.image import DockerUnavailable, docker_client, gpu_device_requests
+from runner.nvml import NvmlSource, PynvmlSource
+from runner.vllm_cli import split_program
+
+RUN_LABEL = "k3repro.run_id"
+DOCKER_RUN_EXIT = 125  # what `docker run` exits with when the daemon refuses the container
+
+
+class DockerEngine:
+    def __init__(self, container: Any | None, refusal: str = "") -> None:
+        self._container = container
+        self._refusal = refusal
+        self._returncode: int | None = DOCKER_RUN_EXIT if container is None else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._returncode
+
+    async def lines(self) -> AsyncIterator[LogLine]:
+        if self._container is None:
+            yield LogLine("stderr", f"docker: Error response from daemon: {self._refusal}")
+            return
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[LogLine | None] = asyncio.Queue()
+        threading.Thread(target=self._pump, args=(self._container, loop, queue), daemon=True).start()
+        while (line := await queue.get()) is not None:
+            yield line
+
+    @staticmethod
+    def _pump(container: Any, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[LogLine | None]) -> None:
+        """Reads the container's merged output in a thread (the SDK's stream blocks) and hands over lines."""
+        pending = b""
+        try:
+            for chunk in container.logs(stream=True, follow=True, stdout=True, stderr=True):
+                pending += chunk
+                *complete, pending = pending.split(b"\n")
+                for raw in complete:
+                    text = raw.decode("utf-8", "replace").rstrip("\r")
+                    loop.call_soon_threadsafe(queue.put_nowait, LogLine("stdout", text))
+        except Exception as exc:  # the container went away mid-stream: say so in the log
+            loop.call_soon_threadsafe(queue.put_nowait, LogLine("stderr", f"[log stream ended: {exc}]"))
+        finally:
+            if pending:
+                text = pending.decode("utf-8", "replace")
+                loop.call_soon_threadsafe(queue.put_nowait, LogLine("stdout", text))
+            loop.call_soon_threadsafe(queue.put_nowait, None)
+
+    async def wait(self) -> int:
+        if self._container is not None and self._returncode is None:
+            result = await asyncio.to_thread(self._container.wait)
+            self._returncode = int(result.get("StatusCode", 1))
+        return self._returncode if self._returncode is not None else DOCKER_RUN_EXIT
+
+    async def stop(self, grace_s: float) -> None:
+        if self._container is None:
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self._container.stop, timeout=max(1, int(grace_s)))
+        await self.wait()
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self._container.remove, force=True)
+
+
+class DockerBackend:
+    name = "docker"
+
+    def __init__(self, settings: DockerSettings, nvml: NvmlSource | None = None) -> None:
+        self.settings = settings
+        self.nvml: NvmlSource = nvml or PynvmlSource()
+        self._launches = 0
+
+    def probe_target(self, argv: list[str], image: str) -> ImageTarget:
+        return ImageTarget(image)
+
+    async def launch(self, argv: list[str], *, run_id: str, image: str) -> DockerEngine:
+        """`docker run --network host --ipc host [--gpus all] IMAGE <args of vllm serve>`; the image's
+        entrypoint is `vllm serve`, as in vLLM's images."""
+        _, args = split_program(argv)
+        self._launches += 1
+        options: dict[str, Any] = {
+            "command": args,
+            "labels": {RUN_LABEL: run_id},
+            "name": f"k3repro-{run_id}-{self._launches}",
+            "network_mode": "host",
+            "ipc_mode": "host",
+            "environment": dict(self.settings.env),
+            "volumes": list(self.settings.volumes),
+        }
+        if self.settings.gpus:
+            options["device_requests"] = gpu_device_requests()
+        try:
+            client = await asyncio.to_thread(docker_client)
+            container = await asyncio.to_thread(client.containers.create, image, **options)
+        except DockerUnavailable as exc:
+            return DockerEngine(None, str(exc))
+        except Exception as exc:  # the daemon's refusal is the finding, in its own words
+            return DockerEngine(None, _daemon_message(exc))
+        try:
+            await asyncio.to_thread(container.start)
+        except Exception as exc:  # e.g. `--gpus all` without the NVIDIA runtime: refused at start
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(container.remove, force=True)
+            return DockerEngine(None, _daemon_message(exc))
+        return DockerEngine(container)
+
+    def remove_leftovers(self, run_ids: set[str]) -> int:
+        """Removes the containers of runs a previous runner process left unfinished."""
+        try:
+            client = docker_client()
+        except DockerUnavailable:
+            return 0
+        removed = 0
+        for container in client.containers.list(all=True, filters={"label": RUN_LABEL}):
+            if container.labels.get(RUN_LABEL) in run_ids:
+                with contextlib.suppress(Exception):
+                    container.remove(force=True)
+                    removed += 1
+        return removed
+
+
+def _daemon_message(exc: Exception) -> str:
+    explanation = getattr(exc, "explanation", None)
+    return str(explanation or exc).strip().splitlines()[0]
