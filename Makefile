@@ -2,8 +2,9 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 # Debian packages the tests need: a real Docker engine (dockerd, started by the tests) and a static busybox
-# (the root file system of the vLLM-like test images). Installed only when missing; needs root or sudo.
-SYSTEM_PACKAGES := docker.io busybox-static
+# (the root file system of the vLLM-like test images); a real single-node Slurm (slurmctld, slurmd and the
+# client tools) with munge, started by the isolated-rerun tests. Installed only when missing; needs root or sudo.
+SYSTEM_PACKAGES := docker.io busybox-static slurm-wlm munge
 
 .PHONY: setup system-packages demo test lint
 

@@ -30,6 +30,41 @@ class FixedRequestConfig:
     repeats: int = 3
 
 
+PROVIDERS = ("static", "slurm", "kubernetes")
+
+
+@dataclass(frozen=True)
+class IsolationConfig:
+    """Where an isolated rerun runs: `static` (runners labelled `label`), `slurm` (a batch job per rerun) or
+    `kubernetes` (a Job per rerun). Paths are taken from the config file's folder."""
+
+    provider: str
+    queue_wait_s: float = 600.0  # a job that has not started by then is reported and cancelled
+    poll_s: float = 1.0
+    label: str = "isolated"  # static
+    partition: str = ""  # slurm: sbatch --partition/--nodelist/--reservation/--account/--time/--constraint
+    nodelist: str = ""
+    reservation: str = ""
+    account: str = ""
+    time_limit: str = "02:00:00"
+    constraint: str = ""
+    script: Path | None = None  # slurm: deploy/slurm/k3repro-isolated.sbatch
+    runner_config: Path | None = None  # slurm: runner.toml of the isolated runner, on a shared file system
+    work_dir: Path | None = None  # slurm: shared folder for the job's port file and output
+    runner_command: str = ""  # slurm: k3repro-runner as the job finds it (default: next to this Python)
+    api_url: str = ""  # kubernetes: the API server, e.g. https://kubernetes.default.svc
+    token_file: Path | None = None
+    ca_file: Path | None = None
+    namespace: str = "k3repro"
+    job_template: Path | None = None  # kubernetes: deploy/k8s/isolated-runner-job.json
+    image: str = ""  # kubernetes: the runner's image
+    runner_port: int = 50051
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[tuple[tuple[str, str], ...], ...] = ()  # each {key, operator, value, effect}
+    tls_secret: str = "k3repro-runner-tls"  # noqa: S105 (the name of a Kubernetes Secret, not a secret)
+    config_map: str = "k3repro-isolated-runner"
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     name: str
@@ -40,6 +75,7 @@ class ClusterConfig:
     request: FixedRequestConfig = FixedRequestConfig()
     channels: tuple[str, ...] = ()  # Slack channel ids where runs may be started; none: nowhere
     operators: tuple[str, ...] = ()  # Slack user ids (U…/W…) and user-group ids (S…) who may start, cancel, rerun
+    isolation: IsolationConfig | None = None  # [clusters.X.isolation], else the global [isolation]
 
 
 @dataclass(frozen=True)
@@ -84,8 +120,11 @@ def load_bot_config(path: Path) -> BotConfig:
 
 def parse_bot_config(data: dict[str, Any], *, base: Path, origin: str) -> BotConfig:
     reader = TomlReader(data, origin)
+    isolation = (
+        _isolation(TomlReader(table, f"{origin} [isolation]"), base) if (table := reader.table("isolation")) else None
+    )
     clusters = {
-        name: _cluster(name, TomlReader(table, f"{origin} [clusters.{name}]"))
+        name: _cluster(name, TomlReader(table, f"{origin} [clusters.{name}]"), base, isolation)
         for name, table in reader.table("clusters").items()
     }
     tls = None
@@ -131,7 +170,57 @@ def _slack(reader: TomlReader) -> SlackConfig:
     )
 
 
-def _cluster(name: str, reader: TomlReader) -> ClusterConfig:
+def _isolation(reader: TomlReader, base: Path) -> IsolationConfig:
+    provider = reader.text("provider")
+    if provider not in PROVIDERS:
+        raise ConfigError(f"{reader.origin}: provider {provider!r} is not one of {', '.join(PROVIDERS)}")
+
+    def path(key: str) -> Path | None:
+        value = reader.text(key, "")
+        return base / value if value else None
+
+    selector = reader.table("node_selector")
+    tolerations = reader.data.get("tolerations", [])
+    if not isinstance(tolerations, list) or not all(
+        isinstance(t, dict) and all(isinstance(v, str) for v in t.values()) for t in tolerations
+    ):
+        raise ConfigError(f"{reader.origin}: 'tolerations' must be a list of tables of strings")
+    defaults = IsolationConfig(provider)
+    config = IsolationConfig(
+        provider=provider,
+        queue_wait_s=reader.number("queue_wait_s", defaults.queue_wait_s),
+        poll_s=reader.number("poll_s", defaults.poll_s),
+        label=reader.text("label", defaults.label),
+        partition=reader.text("partition", ""),
+        nodelist=reader.text("nodelist", ""),
+        reservation=reader.text("reservation", ""),
+        account=reader.text("account", ""),
+        time_limit=reader.text("time_limit", defaults.time_limit),
+        constraint=reader.text("constraint", ""),
+        script=path("script"),
+        runner_config=path("runner_config"),
+        work_dir=path("work_dir"),
+        runner_command=reader.text("runner_command", ""),
+        api_url=reader.text("api_url", ""),
+        token_file=path("token_file"),
+        ca_file=path("ca_file"),
+        namespace=reader.text("namespace", defaults.namespace),
+        job_template=path("job_template"),
+        image=reader.text("image", ""),
+        runner_port=int(reader.number("runner_port", defaults.runner_port)),
+        node_selector=tuple(sorted((str(k), str(v)) for k, v in selector.items())),
+        tolerations=tuple(tuple(sorted(t.items())) for t in tolerations),
+        tls_secret=reader.text("tls_secret", defaults.tls_secret),
+        config_map=reader.text("config_map", defaults.config_map),
+    )
+    needed = {"slurm": ("script", "runner_config", "work_dir"), "kubernetes": ("api_url", "job_template", "image")}
+    missing = [key for key in needed.get(provider, ()) if not getattr(config, key)]
+    if missing:
+        raise ConfigError(f"{reader.origin}: provider {provider} needs {', '.join(missing)}")
+    return config
+
+
+def _cluster(name: str, reader: TomlReader, base: Path, isolation: IsolationConfig | None) -> ClusterConfig:
     if not isinstance(reader.data, dict):
         raise ConfigError(f"{reader.origin}: must be a table")
     launch = reader.data.get("launch")
@@ -163,4 +252,7 @@ def _cluster(name: str, reader: TomlReader) -> ClusterConfig:
         ),
         channels=tuple(reader.texts("channels")),
         operators=tuple(reader.texts("operators")),
+        isolation=_isolation(TomlReader(table, f"{reader.origin} [isolation]"), base)
+        if (table := reader.table("isolation"))
+        else isolation,
     )

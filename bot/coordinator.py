@@ -86,7 +86,15 @@ class Coordinator:
             "status": "running",
             "requested_by": requested_by,
             "image": image,
-            "request_json": json.dumps({"argv": list(cluster.launch_argv), "request": cluster.request.body_json}),
+            "request_json": json.dumps(
+                {
+                    "argv": list(cluster.launch_argv),
+                    "request": cluster.request.body_json,
+                    "api": cluster.request.api,
+                    "repeats": cluster.request.repeats,
+                    "profile": request.profile,
+                }
+            ),
         }
         try:
             await self.store.call(Store.create_run, row)

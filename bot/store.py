@@ -113,11 +113,39 @@ def _m3_slack(db: sqlite_utils.Database) -> None:
     db.table("audit_log").add_column("place", str)
 
 
+def _m4_reruns(db: sqlite_utils.Database) -> None:
+    """Isolated reruns: a rerun is a run of its own (on another node, so it does not count as the cluster's
+    one active run), linked to the original with where it ran and its verdict."""
+    db.table("runs").add_column("rerun_of", str)
+    db.execute("DROP INDEX runs_one_active_per_cluster")
+    db.execute(
+        "CREATE UNIQUE INDEX runs_one_active_per_cluster ON runs(cluster) "
+        "WHERE status IN ('queued', 'running') AND rerun_of IS NULL"
+    )
+    db.table("reruns").create(
+        {
+            "run_id": str,  # the rerun's own run
+            "original_id": str,
+            "provider": str,  # static | slurm | kubernetes
+            "placement": str,  # where it ran: a runner address, a Slurm job, a Kubernetes Job
+            "bundle_sha256": str,
+            "verdict": str,  # reproduced | not_reproduced | different_failure (empty until the rerun ends)
+            "comparison_json": str,
+            "created_at": str,
+        },
+        pk="run_id",
+        foreign_keys=[("run_id", "runs", "id"), ("original_id", "runs", "id")],
+        not_null={"original_id", "provider"},
+    )
+    db.table("reruns").create_index(["original_id"])
+
+
 # Append only: a migration's position is its number, recorded in _migrations.
 MIGRATIONS: tuple[tuple[str, Callable[[sqlite_utils.Database], None]], ...] = (
     ("initial", _m1_initial),
     ("change_log", _m2_change_log),
     ("slack", _m3_slack),
+    ("reruns", _m4_reruns),
 )
 
 
@@ -180,12 +208,35 @@ class Store:
         raise RunNotFound(f"no run {run_id!r}" if not rows else f"run id {run_id!r} is ambiguous")
 
     def active_run(self, cluster: str) -> dict[str, Any] | None:
-        rows = list(self.db.table("runs").rows_where("cluster = ? AND status IN ('queued', 'running')", [cluster]))
+        where = "cluster = ? AND status IN ('queued', 'running') AND rerun_of IS NULL"
+        rows = list(self.db.table("runs").rows_where(where, [cluster]))
         return rows[0] if rows else None
 
     def runs(self, limit: int = 20, status: tuple[str, ...] = ()) -> list[dict[str, Any]]:
         where = f"status IN ({', '.join('?' * len(status))})" if status else None
         return list(self.db.table("runs").rows_where(where, list(status), order_by="created_at DESC", limit=limit))
+
+    # --- isolated reruns ---
+
+    def create_rerun(self, run: dict[str, Any], rerun: dict[str, Any]) -> None:
+        """The rerun's run row and its link to the original, together."""
+        stamp = now()
+        with self.db.conn:
+            self.db.table("runs").insert({**run, "created_at": stamp, "updated_at": stamp})
+            self.db.table("reruns").insert({**rerun, "created_at": stamp})
+
+    def update_rerun(self, run_id: str, **fields: Any) -> None:
+        with self.db.conn:
+            self.db.table("reruns").update(run_id, fields)
+
+    def reruns_of(self, original_id: str) -> list[dict[str, Any]]:
+        return list(self.db.table("reruns").rows_where("original_id = ?", [original_id], order_by="created_at"))
+
+    def import_run(self, run: dict[str, Any], events: list[pb.RunEvent]) -> None:
+        """A run from a bundle, with its events, all or nothing."""
+        with self.db.conn:
+            self.db.table("runs").insert(run)
+            self.db.table("run_events").insert_all(_event_row(event) for event in events)
 
     # --- events ---
 
@@ -193,16 +244,7 @@ class Store:
         """Stores an event once; False when (run_id, seq) was already stored (a replayed event)."""
         try:
             with self.db.conn:
-                self.db.table("run_events").insert(
-                    {
-                        "run_id": event.run_id,
-                        "seq": event.seq,
-                        "kind": event.WhichOneof("payload") or "",
-                        "at": event.at.ToJsonString(),
-                        "payload_json": json_format.MessageToJson(event, indent=None),
-                        "received_at": now(),
-                    }
-                )
+                self.db.table("run_events").insert(_event_row(event))
         except sqlite3.IntegrityError:
             return False
         return True
@@ -238,6 +280,17 @@ class Store:
 
     def audit_entries(self, limit: int = 50) -> list[dict[str, Any]]:
         return list(self.db.table("audit_log").rows_where(order_by="id DESC", limit=limit))
+
+
+def _event_row(event: pb.RunEvent) -> dict[str, Any]:
+    return {
+        "run_id": event.run_id,
+        "seq": event.seq,
+        "kind": event.WhichOneof("payload") or "",
+        "at": event.at.ToJsonString(),
+        "payload_json": json_format.MessageToJson(event, indent=None),
+        "received_at": now(),
+    }
 
 
 class AsyncStore:

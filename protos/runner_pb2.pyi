@@ -214,7 +214,7 @@ class Change(_message.Message):
     def __init__(self, at: _Optional[str] = ..., what: _Optional[str] = ..., by: _Optional[str] = ...) -> None: ...
 
 class StartRunRequest(_message.Message):
-    __slots__ = ("run_id", "cluster", "image", "launch_argv", "request", "profile", "requested_by", "changes")
+    __slots__ = ("run_id", "cluster", "image", "launch_argv", "request", "profile", "requested_by", "changes", "rerun")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
@@ -223,6 +223,7 @@ class StartRunRequest(_message.Message):
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
     CHANGES_FIELD_NUMBER: _ClassVar[int]
+    RERUN_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     cluster: str
     image: str
@@ -231,7 +232,18 @@ class StartRunRequest(_message.Message):
     profile: str
     requested_by: str
     changes: _containers.RepeatedCompositeFieldContainer[Change]
-    def __init__(self, run_id: _Optional[str] = ..., cluster: _Optional[str] = ..., image: _Optional[str] = ..., launch_argv: _Optional[_Iterable[str]] = ..., request: _Optional[_Union[FixedRequest, _Mapping]] = ..., profile: _Optional[str] = ..., requested_by: _Optional[str] = ..., changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ...) -> None: ...
+    rerun: Rerun
+    def __init__(self, run_id: _Optional[str] = ..., cluster: _Optional[str] = ..., image: _Optional[str] = ..., launch_argv: _Optional[_Iterable[str]] = ..., request: _Optional[_Union[FixedRequest, _Mapping]] = ..., profile: _Optional[str] = ..., requested_by: _Optional[str] = ..., changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ..., rerun: _Optional[_Union[Rerun, _Mapping]] = ...) -> None: ...
+
+class Rerun(_message.Message):
+    __slots__ = ("original_run_id", "bundle_sha256", "image_digest")
+    ORIGINAL_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_SHA256_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    original_run_id: str
+    bundle_sha256: str
+    image_digest: str
+    def __init__(self, original_run_id: _Optional[str] = ..., bundle_sha256: _Optional[str] = ..., image_digest: _Optional[str] = ...) -> None: ...
 
 class WatchRunRequest(_message.Message):
     __slots__ = ("run_id", "after_seq")

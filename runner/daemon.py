@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import _async as health_aio  # the module behind grpc_health.v1.health.aio
@@ -23,6 +24,7 @@ from runner.tls import server_credentials
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Runner"].full_name
 SHUTDOWN_REASON = "runner shutting down (SIGTERM)"
+ONCE_GRACE_S = 10.0  # after its one run (`--once`): time for the bot to read the stream's last events
 
 
 class RunnerDaemon:
@@ -75,9 +77,22 @@ class RunnerDaemon:
         if self._stopping is None:
             self._stopping = asyncio.create_task(self.stop())
 
-    async def serve_until_signalled(self) -> None:
+    async def serve_until_signalled(self, port_file: Path | None = None) -> None:
+        """Serves until SIGTERM/SIGINT, or, with `hub.once`, until its one run has ended."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal)
-        await self.start()
+        port = await self.start()
+        if port_file is not None:
+            partial = port_file.with_name(port_file.name + ".partial")
+            partial.write_text(f"{port}\n")
+            partial.replace(port_file)  # the reader never sees half a number
+        if self.hub.once:
+            served = asyncio.create_task(self.hub.served.wait())
+            stopped = asyncio.create_task(self._stopped.wait())
+            await asyncio.wait([served, stopped], return_when=asyncio.FIRST_COMPLETED)
+            served.cancel()
+            stopped.cancel()
+            if self._stopping is None:
+                self._stopping = asyncio.create_task(self.stop("served its one run", grace_s=ONCE_GRACE_S))
         await self._stopped.wait()

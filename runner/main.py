@@ -1,4 +1,4 @@
-"""`k3repro-runner serve --config runner.toml`: the daemon on a GPU host."""
+"""`k3repro-runner serve --config runner.toml [--once] [--port-file PATH]`: the daemon on a GPU host."""
 
 from __future__ import annotations
 
@@ -18,6 +18,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the Runner gRPC service")
     serve.add_argument("--config", type=Path, required=True, help="runner.toml")
+    serve.add_argument(
+        "--once", action="store_true", help="serve one run, then exit (an isolated runner inside a batch job)"
+    )
+    serve.add_argument(
+        "--port-file", type=Path, help="write the bound port here once serving (how a scheduler's job tells the bot)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -25,13 +31,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"k3repro-runner: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(_serve(config))
+    asyncio.run(_serve(config, args.once, args.port_file))
     return 0
 
 
-async def _serve(config: RunnerConfig) -> None:
+async def _serve(config: RunnerConfig, once: bool, port_file: Path | None) -> None:
     """The daemon is built inside the event loop: gRPC's aio server binds to the loop that creates it."""
-    await RunnerDaemon(config).serve_until_signalled()
+    daemon = RunnerDaemon(config)
+    daemon.hub.once = once
+    await daemon.serve_until_signalled(port_file)
 
 
 if __name__ == "__main__":

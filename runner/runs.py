@@ -13,7 +13,6 @@ from fnmatch import fnmatchcase
 from protos import runner_pb2 as pb
 from runner.config import RunnerConfig
 from runner.engines import EngineBackend
-from runner.engines.process import kill_leftovers
 from runner.events import EventLog, heartbeat
 from runner.journal import Journal
 from runner.pipeline import execute
@@ -50,6 +49,8 @@ class RunHub:
         self.events = EventLog(journal)
         self.active: dict[str, ActiveRun] = {}
         self.accepting = True
+        self.once = False  # `serve --once`: one run, then the daemon exits (an isolated runner in a batch job)
+        self.served = asyncio.Event()  # set when a run has ended
 
     def validate(self, request: pb.StartRunRequest) -> ServeCommand:
         """Everything that makes a request unacceptable, as one clear message."""
@@ -69,6 +70,14 @@ class RunHub:
         if not any(fnmatchcase(request.image, pattern) for pattern in self.config.allowed_images):
             allowed = ", ".join(self.config.allowed_images)
             raise RunRejected("PERMISSION_DENIED", f"image {request.image!r} is not allowlisted here ({allowed})")
+        if request.rerun.image_digest and not request.image.endswith(f"@{request.rerun.image_digest}"):
+            raise RunRejected(
+                "FAILED_PRECONDITION",
+                f"rerun of {request.rerun.original_run_id}: image {request.image!r} is not the bundle's digest "
+                f"{request.rerun.image_digest} (a tag can move; a rerun runs exactly what failed)",
+            )
+        if self.once and (self.active or self.served.is_set()) and self.journal.request(request.run_id) is None:
+            raise RunRejected("RESOURCE_EXHAUSTED", f"runner {self.config.name} serves one run only (--once)")
         if request.request.api and request.request.api not in PATHS:
             raise RunRejected("INVALID_ARGUMENT", f"request api must be one of {', '.join(PATHS)}")
         if request.request.body_json:
@@ -111,6 +120,7 @@ class RunHub:
             await execute(active.context, lambda: active.cancel_reason)
         finally:
             self.active.pop(active.context.run_id, None)
+            self.served.set()
 
     async def watch(self, run_id: str, after_seq: int) -> AsyncIterator[pb.RunEvent]:
         """Replays journaled events after `after_seq`, then follows live ones; heartbeats when quiet."""
@@ -158,7 +168,7 @@ class RunHub:
         """Closes runs a previous process of this runner left unfinished, and stops what they started."""
         orphans = self.journal.unfinished_runs()
         if orphans:
-            kill_leftovers(set(orphans))
+            self.backend.remove_leftovers(set(orphans))
         for run_id in orphans:
             reason = "the runner restarted while this run was active; its engine was stopped"
             await self.events.emit(

@@ -56,4 +56,4 @@ async def test_socket_mode_envelopes_start_a_run_once_and_buttons_answer(
     assert len(Store(tmp_path / "k3.db").runs()) == 1
     assert_thread_complete(api)
     answers = [c.body["text"] for c in api.called("chat.postEphemeral")]
-    assert len(answers) == 1 and "none is configured for cluster cluster-a" in answers[0]
+    assert len(answers) == 1 and "no isolation provider is configured for cluster cluster-a" in answers[0]

@@ -250,7 +250,7 @@ async def test_rerun_on_an_isolated_node_says_no_provider_is_configured_and_chan
         await post(served, body, signed(body))
         await settle(served)
     answers = [c.body["text"] for c in api.calls[before:]]
-    expected = "isolated reruns need an isolation provider; none is configured for cluster cluster-a"
+    expected = "no isolation provider is configured for cluster cluster-a ([isolation] in the bot's config); nothing"
     assert len(answers) == 2 and all(expected in answer for answer in answers)
     assert len(Store(tmp_path / "k3.db").runs()) == 1
 

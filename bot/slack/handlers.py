@@ -171,10 +171,7 @@ class Handlers:
     async def _do_rerun(self, request: Request, run: str, where: str) -> str:
         found = await self.store.call(Store.get_run, run)
         await self._operator(request, found["cluster"])
-        return (
-            f"isolated reruns need an isolation provider; none is configured for cluster {found['cluster']}. "
-            f"Nothing was started."
-        )
+        return await self.threads.rerun(found["id"], request.user, request.channel)
 
     async def _do_runners(self, request: Request, cluster: str = "") -> str:
         try:

@@ -6,13 +6,17 @@ stored events after a restart rebuilds the view and re-enqueues nothing that was
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from bot.bundle import logs_by_source
 from bot.consumer import EventCallback, RunLost, RunRefused
 from bot.coordinator import Coordinator, StartedRun
+from bot.isolation import Placement
+from bot.rerun import rerun_isolated, verdict_lines
 from bot.slack import blocks
 from bot.slack.blocks import Message
 from bot.slack.metrics import Metrics
@@ -25,6 +29,7 @@ from protos import runner_pb2 as pb
 log = logging.getLogger("k3repro.slack.threads")
 
 Follow = Callable[[EventCallback], Awaitable[pb.RunFinished]]  # Coordinator.follow or .resume, bound to a run
+VERDICT_MARK = {"reproduced": "🎯", "not_reproduced": "🌱", "different_failure": "🔀"}
 UPDATES_ON = {"stage_started", "phase_reached", "checklist_item", "stage_finished", "run_finished", "artifact"}
 
 
@@ -75,6 +80,52 @@ class Threads:
                 creates="checklist_ts",
             )
         )
+
+    async def rerun(self, run_id: str, user: str, channel: str) -> str:
+        """Starts an isolated rerun of a run; its start, then its verdict and environment differences, go to
+        the ORIGINAL run's thread. A refusal (nothing started) is raised to the caller, as StartRefused."""
+        placed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        thread = await self.store.call(thread_of, run_id)
+        where = {"channel": thread["channel"] if thread else channel}
+
+        async def post(key: str, message: Message) -> None:
+            args = {**where, **message.args()}
+            await self.outbox.put(Write(key, "chat.postMessage", args, run_id if thread else "", thread=bool(thread)))
+
+        async def started(rerun_id: str, placement: Placement) -> None:
+            text = f"🧪 isolated rerun `{rerun_id}` started on {placement.where}, by <@{user}>"
+            await post(f"{run_id}:rerun:{rerun_id}:start", blocks.fit(text, [blocks.section(text)]))
+            placed.set_result(rerun_id)
+
+        async def ignore(event: pb.RunEvent) -> None:
+            """The rerun has its own record (`status RUN`); the original's thread gets its verdict."""
+
+        async def work() -> None:
+            try:
+                outcome = await rerun_isolated(
+                    self.core, run_id, user, ignore, via="slack", place=channel, on_started=started
+                )
+            except Exception as exc:
+                if not placed.done():  # nothing was started: the one who asked hears why
+                    placed.set_exception(exc)
+                    return
+                if not isinstance(exc, RunLost | RunRefused):
+                    raise
+                text = f"⚠️ isolated rerun `{placed.result()}` ended without a verdict: {exc}"
+                await post(f"{run_id}:rerun:{placed.result()}:problem", blocks.fit(text, [blocks.section(text)]))
+                return
+            finally:
+                placed.cancel()  # a no-op once placed; otherwise (the bot stopping) the asker stops waiting
+            lines = verdict_lines(outcome)
+            mark = VERDICT_MARK.get(outcome.comparison["verdict"] or "", "⚠️")
+            message = blocks.fit(
+                lines[0], [blocks.section(f"{mark} *{lines[0]}*"), blocks.section(blocks.code(lines[1:]))]
+            )
+            await post(f"{run_id}:rerun:{outcome.run_id}:verdict", message)
+
+        self._tasks.spawn(work(), name=f"rerun of {run_id}")
+        rerun_id = await placed
+        return f"🧪 isolated rerun `{rerun_id}` started; its verdict goes to the thread of `{run_id}`"
 
     async def idle(self) -> None:
         await self._tasks.wait()
@@ -173,8 +224,4 @@ def thread_of(store: Store, run_id: str) -> dict[str, Any] | None:
 
 def _logs(store: Store, run_id: str) -> dict[str, str]:
     """The run's whole log, one text per source, from the stored events (so a restart loses nothing)."""
-    texts: dict[str, list[str]] = {}
-    for event in store.events(run_id):
-        if event.WhichOneof("payload") == "log_chunk":
-            texts.setdefault(event.log_chunk.source, []).extend(event.log_chunk.lines)
-    return {source: "\n".join(lines) + "\n" for source, lines in texts.items()}
+    return logs_by_source(store.events(run_id))

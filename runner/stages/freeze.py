@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 from protos import runner_pb2 as pb
+from runner.engines.sim import SimBackend
 from runner.fingerprint import Change, collect
 from runner.stages.context import RunContext, StageResult
 
@@ -19,6 +21,9 @@ async def run(ctx: RunContext) -> StageResult:
     scene = await asyncio.to_thread(collect, ctx.backend.nvml, target, argv=argv, changes=changes)
     ctx.fingerprint = scene
     await ctx.artifact("fingerprint", scene)
+    if isinstance(ctx.backend, SimBackend) and ctx.backend.scenario:
+        # The simulated host is part of the scene: a frozen bundle of a sim run carries it.
+        await ctx.artifact("sim_scenario", await asyncio.to_thread(Path(ctx.backend.scenario).read_text))
     nvml, runtime = scene["nvml"], scene["runtime"]
     if nvml["available"]:
         driver = f"driver {nvml['driver_version']} (CUDA {nvml['cuda_driver_version']}), {nvml['gpu_count']} GPU(s)"

@@ -1,0 +1,56 @@
+"""`k3repro bundle export RUN -o FILE` / `k3repro bundle import FILE`: the frozen case as one verified file."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from bot.bundle import BundleError, export_bundle, import_bundle, read_bundle
+from bot.commands.common import CommandError, load_config
+from bot.store import RunNotFound, Store
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser("bundle", help="export or import a run's frozen bundle (tar.gz with a sha256 manifest)")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    export = actions.add_parser("export", help="write a finished run's bundle")
+    export.add_argument("run")
+    export.add_argument("-o", "--output", type=Path, required=True, help="the bundle file to write")
+    export.set_defaults(func=run_export)
+    imported = actions.add_parser("import", help="verify a bundle and add its run to this store")
+    imported.add_argument("file", type=Path)
+    imported.set_defaults(func=run_import)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    store = Store(load_config(args.config).store)
+    try:
+        bundle = export_bundle(store, args.run)
+    except (BundleError, RunNotFound) as exc:
+        raise CommandError(str(exc).strip("'\"")) from None
+    finally:
+        store.close()
+    if args.output.exists():
+        raise CommandError(f"{args.output} exists; not overwritten")
+    try:
+        args.output.write_bytes(bundle.to_bytes())
+    except OSError as exc:
+        raise CommandError(f"cannot write {args.output}: {exc.strerror}") from None
+    print(f"run {bundle.manifest['run_id']} → {args.output} ({len(bundle.members)} members, sha256 {bundle.sha256})")
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    try:
+        bundle = read_bundle(args.file)
+    except BundleError as exc:
+        raise CommandError(str(exc)) from None
+    store = Store(load_config(args.config).store)
+    try:
+        row = import_bundle(store, bundle)
+    except BundleError as exc:
+        raise CommandError(str(exc)) from None
+    finally:
+        store.close()
+    print(f"imported run {row['id']} ({row['cluster']}, {row['status']}) from {args.file}: every member verified")
+    return 0

@@ -1,0 +1,228 @@
+"""The isolated rerun: the frozen bundle replayed on a runner an isolation provider gives, and the verdict.
+
+`reproduced`: same phase and same first-error signature (the cause travels with the software and the
+configuration). `not_reproduced`: the isolated run passes where the original failed (suspect the
+environment: the fingerprint differences that matter are listed). `different_failure`: a new candidate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from bot.bundle import MAX_BUNDLE_BYTES, Bundle, BundleError, export_bundle
+from bot.consumer import EventCallback, follow_run
+from bot.coordinator import Coordinator, StartRefused
+from bot.ids import new_run_id
+from bot.isolation import IsolationError, Placement, make_provider
+from bot.report import run_report
+from bot.store import ACTIVE, RunNotFound, Store, now
+from protos import runner_pb2 as pb
+from protos.vocab import to_id
+from runner.fingerprint import diff
+from runner.toml_reader import ConfigError
+
+Started = Callable[[str, Placement], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class RerunOutcome:
+    run_id: str
+    original_id: str
+    placement: Placement
+    finished: pb.RunFinished
+    comparison: dict[str, Any]  # {"verdict", "original", "rerun", "differences", "why"}
+
+
+async def rerun_isolated(
+    core: Coordinator,
+    run_id: str,
+    requested_by: str,
+    on_event: EventCallback,
+    *,
+    via: str = "cli",
+    place: str = "",
+    on_started: Started | None = None,
+) -> RerunOutcome:
+    """Checks everything that can be checked first (StartRefused: nothing was started), then places, runs,
+    follows and compares. The placement is released however the rerun ends, a cancelled task included."""
+    store = core.store
+    original = await store.call(Store.get_run, run_id)
+    if original["rerun_of"]:
+        raise StartRefused(f"run {original['id']} is itself a rerun of {original['rerun_of']}; rerun that one")
+    try:
+        bundle = await store.call(export_bundle, original["id"])
+        cluster = core.config.cluster(original["cluster"])
+        provider = make_provider(core.config, cluster)
+    except (BundleError, ConfigError, IsolationError) as exc:
+        raise StartRefused(f"{exc}; nothing was started") from None
+    size = len(bundle.to_bytes())
+    if size > MAX_BUNDLE_BYTES:
+        raise StartRefused(
+            f"the bundle of run {original['id']} is {size} bytes, over the limit of {MAX_BUNDLE_BYTES} bytes; "
+            "nothing was started"
+        )
+    rerun_id = new_run_id()
+    request = rerun_request(bundle, rerun_id, requested_by)
+    try:
+        placement = await provider.acquire(rerun_id)
+    except IsolationError as exc:
+        raise StartRefused(f"{exc}; nothing was run") from None
+    try:
+        await store.call(
+            Store.create_rerun,
+            {
+                "id": rerun_id,
+                "cluster": original["cluster"],
+                "runner": placement.address,
+                "status": "running",
+                "requested_by": requested_by,
+                "image": request.image,
+                "request_json": json.dumps(
+                    {**json.loads(original["request_json"] or "{}"), "argv": list(request.launch_argv)}
+                ),
+                "rerun_of": original["id"],
+            },
+            {
+                "run_id": rerun_id,
+                "original_id": original["id"],
+                "provider": placement.provider,
+                "placement": placement.where,
+                "bundle_sha256": bundle.sha256,
+            },
+        )
+        await store.call(
+            Store.audit, requested_by, "rerun", original["id"], f"rerun {rerun_id} on {placement.where}", via, place
+        )
+        if on_started is not None:
+            await on_started(rerun_id, placement)
+        finished = await follow_run(core.config, store, rerun_id, placement.address, on_event, request)
+    finally:
+        await asyncio.shield(provider.release(placement))
+        if placement.handle:  # a job of its own: releasing it ended the run, even if we did not see the end
+            await store.call(_close_if_active, rerun_id, f"the bot stopped following; {placement.where} was ended")
+    events = await store.call(Store.events, rerun_id)
+    comparison = compare(bundle.events(), events)
+    if finished.status != pb.RUN_STATUS_COMPLETED:
+        status = to_id(pb.RunStatus, finished.status)
+        comparison = {**comparison, "verdict": None, "why": f"the rerun ended {status}: {finished.summary}"}
+    await store.call(
+        Store.update_rerun, rerun_id, verdict=comparison["verdict"] or "", comparison_json=json.dumps(comparison)
+    )
+    return RerunOutcome(rerun_id, original["id"], placement, finished, comparison)
+
+
+def rerun_request(bundle: Bundle, rerun_id: str, requested_by: str) -> pb.StartRunRequest:
+    """The bundle as a StartRun: same argv and request, the image by the digest the scene pinned (a tag can
+    move between the failure and the rerun), the original's change log."""
+    launch, asked = bundle.launch, bundle.json("request.json")
+    digest = launch["image_digest"]
+    image = launch["image"]
+    if digest and not image.endswith(f"@{digest}"):
+        name = image.split("@", 1)[0]
+        repository = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
+        image = f"{repository}@{digest}"
+    changes = (bundle.fingerprint or {}).get("changes") or []
+    return pb.StartRunRequest(
+        run_id=rerun_id,
+        cluster=launch["cluster"],
+        image=image,
+        launch_argv=launch["argv"],
+        request=pb.FixedRequest(api=asked["api"], body_json=asked["body_json"], repeats=asked["repeats"]),
+        profile=launch["profile"],
+        requested_by=requested_by,
+        changes=[pb.Change(at=c.get("at", ""), what=c.get("what", ""), by=c.get("by", "")) for c in changes],
+        rerun=pb.Rerun(original_run_id=bundle.run["id"], bundle_sha256=bundle.sha256, image_digest=digest),
+    )
+
+
+def failure_of(events: list[pb.RunEvent]) -> dict[str, Any] | None:
+    """Where a run first failed and how: its first error (minimal launch, or the ladder step that hit it), else
+    the first stage that failed without one (e.g. a baseline the scene does not meet)."""
+    error = run_report("", events)["first_error"]
+    if error:
+        return {key: error[key] for key in ("phase", "category", "signature", "line")}
+    for event in events:
+        if event.HasField("stage_finished") and event.stage_finished.status == pb.STAGE_STATUS_FAILED:
+            stage, summary = to_id(pb.Stage, event.stage_finished.stage), event.stage_finished.summary
+            return {"phase": stage, "category": "stage_failed", "signature": f"{stage}: {summary}", "line": summary}
+    return None
+
+
+def compare(original: list[pb.RunEvent], rerun: list[pb.RunEvent]) -> dict[str, Any]:
+    """The verdict from two runs' events, with the environment differences that matter."""
+    before, after = failure_of(original), failure_of(rerun)
+    differences = environment_differences(_fingerprint(original), _fingerprint(rerun))
+    if before is None and after is None:
+        verdict, why = "reproduced", "neither run failed"
+    elif after is None:
+        verdict, why = "not_reproduced", "the isolated run passes where the original failed: suspect the environment"
+    elif before is not None and _same(before, after):
+        verdict = "reproduced"
+        why = f"same phase ({after['phase']}) and first-error signature: the cause travels with software and config"
+    else:
+        verdict, why = "different_failure", f"a different first error, in {after['phase']}: a new candidate"
+    return {"verdict": verdict, "why": why, "original": before, "rerun": after, "differences": differences}
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return bool(a["phase"] == b["phase"] and a["signature"] == b["signature"])
+
+
+def environment_differences(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The fingerprint diff's `matters` group, plus the GPU memory other processes held (which the diff counts
+    as noise for pids, but which is exactly what makes a secondary OOM)."""
+    if a is None or b is None:
+        return [{"path": "fingerprint", "a": a is not None, "b": b is not None}]
+    found = [{"path": d["path"], "a": d["a"], "b": d["b"]} for d in diff(a, b)["differences"] if d["kind"] == "matters"]
+    holders = (_holders(a), _holders(b))
+    if holders[0] != holders[1]:
+        found.append({"path": "nvml.processes (foreign GPU memory)", "a": holders[0], "b": holders[1]})
+    return found
+
+
+def _holders(scene: dict[str, Any]) -> str:
+    processes = (scene.get("nvml") or {}).get("processes") or []
+    if not processes:
+        return "none"
+    pids = sorted({p["pid"] for p in processes})
+    mib = sum(p.get("used_memory_mib") or 0 for p in processes)
+    return f"{len(pids)} process(es) holding {mib} MiB on {len(processes)} GPU slot(s)"
+
+
+def _fingerprint(events: list[pb.RunEvent]) -> dict[str, Any] | None:
+    for event in events:
+        if event.HasField("artifact") and event.artifact.name == "fingerprint":
+            scene: dict[str, Any] = json.loads(event.artifact.content)
+            return scene
+    return None
+
+
+def verdict_lines(outcome: RerunOutcome) -> list[str]:
+    """The verdict as a person reads it (terminal and Slack)."""
+    c = outcome.comparison
+    head = f"isolated rerun {outcome.run_id} of {outcome.original_id} ({outcome.placement.where}): "
+    lines = [head + (c["verdict"] or "no verdict") + f" — {c['why']}"]
+    for label, failure in (("original", c["original"]), ("rerun", c["rerun"])):
+        if failure:
+            lines.append(f"  {label}: {failure['phase']} [{failure['category']}] {failure['signature']}")
+        else:
+            lines.append(f"  {label}: no failure")
+    if c["differences"]:
+        lines.append("  environment differences that matter (original → isolated):")
+        lines += [f"    {d['path']}: {json.dumps(d['a'])} → {json.dumps(d['b'])}" for d in c["differences"]]
+    else:
+        lines.append("  no environment difference that matters")
+    return lines
+
+
+def _close_if_active(store: Store, run_id: str, why: str) -> None:
+    try:
+        run = store.get_run(run_id)
+    except RunNotFound:
+        return
+    if run["status"] in ACTIVE:
+        store.update_run(run_id, status="cancelled", summary=why, finished_at=now())
