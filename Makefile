@@ -28,7 +28,7 @@ system-packages:
 
 setup: system-packages $(BIN)/.installed
 
-demo: setup
+demo: $(BIN)/.installed
 	$(BIN)/k3repro demo
 
 lint: setup

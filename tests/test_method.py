@@ -114,6 +114,7 @@ async def test_failure_at_minimal_launch_is_repeated_and_skips_the_ladder(certs:
     assert checks["revertible_baseline"][0] == FAILS
     sources = {e.log_chunk.source for e in events if e.HasField("log_chunk")}
     assert {"minimal_launch", "minimal_launch/attempt-2"} <= sources
+    assert not any(e.artifact.name == "enforce_eager_diagnostic" for e in events)  # NCCL is not a CUDA graph failure
 
 
 async def test_healthy_deployment_reports_that_nothing_failed(certs: DevCerts, tmp_path: Path) -> None:
@@ -141,3 +142,15 @@ async def test_leftover_process_makes_the_oom_secondary_and_the_launches_no_evid
     finished = _finished(events)
     assert finished.decision == pb.DECISION_CONTINUE
     assert finished.reasons[0].startswith("free the GPUs first: pid 4242 (python3)")
+
+
+async def test_a_cuda_graph_capture_failure_gets_one_enforce_eager_diagnostic(certs: DevCerts, tmp_path: Path) -> None:
+    events = await _run(certs, tmp_path, "cudagraph-capture")
+    (diagnostic,) = [e.artifact.content for e in events if e.artifact.name == "enforce_eager_diagnostic"]
+    verdict, launched = diagnostic.split(" — ")
+    assert verdict == "with --enforce-eager the launch answers: CUDA graph capture is the trigger"
+    assert launched.split()[-5:-4] == ["--enforce-eager"]  # the minimal command plus --enforce-eager
+    launch = _stage(events, pb.STAGE_MINIMAL_LAUNCH)
+    assert launch.status == pb.STAGE_STATUS_FAILED and launch.summary.endswith(verdict)
+    assert "minimal_launch/enforce-eager" in {e.log_chunk.source for e in events if e.HasField("log_chunk")}
+    assert _finished(events).launches == 3  # the failure, the diagnostic, the repeat

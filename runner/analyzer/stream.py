@@ -59,6 +59,7 @@ class ErrorFinding:
     secondary_oom: bool
     signature: str
     hint: str
+    during: str = ""  # the log stretch it happened in (rules.toml [[context]], e.g. "cudagraph_capture")
 
 
 @dataclass(frozen=True)
@@ -564,6 +565,7 @@ class StreamAnalyzer:
             secondary_oom=secondary,
             signature=signature(self.rules, phase, category, best.msg),
             hint=hint,
+            during=best.context.name if best.context is not None else "",
         )
         self._first_error = finding
         self._emitted = best

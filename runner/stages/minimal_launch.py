@@ -2,13 +2,16 @@
 
 A failing minimal launch is attempted again (engine.failure_attempts in all): the same failure at the same
 place is what "reproduced" means, and a failure that moves between phases says the environment is unstable.
+A failure around CUDA graph capture gets one diagnostic relaunch with --enforce-eager (DESIGN §1): if that
+launch answers, CUDA graphs are the trigger.
 """
 
 from __future__ import annotations
 
 from protos import runner_pb2 as pb
+from runner.analyzer import ErrorFinding
 from runner.stages.context import Attempt, RunContext, StageResult
-from runner.stages.launcher import launch, shell_line
+from runner.stages.launcher import launch, release, shell_line
 
 
 async def run(ctx: RunContext) -> StageResult:
@@ -23,6 +26,7 @@ async def run(ctx: RunContext) -> StageResult:
         await ctx.check(pb.CHECKLIST_ID_FIRST_ERROR_SAVED, pb.CHECKLIST_STATE_HOLDS, evidence)
     if first.ready:
         return StageResult(pb.STAGE_STATUS_OK, first.summary)
+    diagnosis = await _without_cuda_graphs(ctx, first.error) if first.error else ""
     ctx.attempts.append(first.failure or Attempt("", "other", first.summary))
     for number in range(2, ctx.config.engine.failure_attempts + 1):
         again = await launch(ctx, minimal, f"minimal_launch/attempt-{number}")
@@ -30,6 +34,20 @@ async def run(ctx: RunContext) -> StageResult:
         if again.ready:
             break
     same = sum(1 for a in ctx.attempts if (a.phase, a.signature) == (ctx.attempts[0].phase, ctx.attempts[0].signature))
-    return StageResult(
-        pb.STAGE_STATUS_FAILED, f"{first.summary} ({same} of {len(ctx.attempts)} attempts failed the same way)"
+    summary = f"{first.summary} ({same} of {len(ctx.attempts)} attempts failed the same way)"
+    return StageResult(pb.STAGE_STATUS_FAILED, f"{summary}; {diagnosis}" if diagnosis else summary)
+
+
+async def _without_cuda_graphs(ctx: RunContext, error: ErrorFinding) -> str:
+    """One diagnostic relaunch with --enforce-eager when the error came from CUDA graph capture."""
+    if error.category != "cudagraph" and error.during != "cudagraph_capture":
+        return ""
+    eager = await launch(ctx, ctx.command.minimal().with_flag("--enforce-eager"), "minimal_launch/enforce-eager")
+    verdict = (
+        "with --enforce-eager the launch answers: CUDA graph capture is the trigger"
+        if eager.ready
+        else f"with --enforce-eager it still fails ({eager.summary}): CUDA graphs are not the only cause"
     )
+    await ctx.artifact("enforce_eager_diagnostic", f"{verdict} — {eager.line}")
+    await release(ctx)
+    return verdict
