@@ -25,8 +25,9 @@ STAGES: tuple[tuple[pb.Stage, StageFn], ...] = (
 )
 
 
-async def execute(ctx: RunContext, cancel_reason: Callable[[], str]) -> None:
-    """Runs the stages, releases the engine, and only then reports the run finished (nothing follows it)."""
+async def execute(ctx: RunContext, cancel_reason: Callable[[], str]) -> pb.RunFinished:
+    """Runs the stages and releases the engine; returns how the run finished, for the caller to report last
+    (nothing may follow it, and the runner must already be free when a bot reads it)."""
     try:
         summary = await _stages(ctx)
         await _run_stage(ctx, pb.STAGE_VERDICT, verdict.run)
@@ -45,7 +46,7 @@ async def execute(ctx: RunContext, cancel_reason: Callable[[], str]) -> None:
         finished = pb.RunFinished(status=pb.RUN_STATUS_ERROR, reasons=[message], summary=message)
     await asyncio.shield(release(ctx))
     finished.launches = ctx.launches
-    await ctx.emit(run_finished=finished)
+    return finished
 
 
 async def _stages(ctx: RunContext) -> str:

@@ -117,9 +117,12 @@ class RunHub:
 
     async def _execute(self, active: ActiveRun) -> None:
         try:
-            await execute(active.context, lambda: active.cancel_reason)
+            try:
+                finished = await execute(active.context, lambda: active.cancel_reason)
+            finally:
+                self.active.pop(active.context.run_id, None)  # free before a bot can read that the run ended
+            await active.context.emit(run_finished=finished)
         finally:
-            self.active.pop(active.context.run_id, None)
             self.served.set()
 
     async def watch(self, run_id: str, after_seq: int) -> AsyncIterator[pb.RunEvent]:

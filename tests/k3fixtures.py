@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from bot.config import BotConfig, parse_bot_config
+from bot.coordinator import Coordinator
+from bot.store import AsyncStore
+from protos import runner_pb2 as pb
 from runner.config import parse_runner_config
 from runner.daemon import RunnerDaemon
 from runner.tls import DevCerts
@@ -85,6 +88,24 @@ def bot_config(
         data["tls"] = {"ca": str(certs.ca), "cert": str(certs.bot_cert), "key": str(certs.bot_key)}
     data.update(extra)
     return parse_bot_config(data, base=store.parent, origin="test bot")
+
+
+async def run_to_end(
+    certs: DevCerts, tmp_path: Path, runner: dict[str, Any], image: str = "vllm/vllm-openai:kimi-k3"
+) -> list[pb.RunEvent]:
+    """Starts a run on a fresh runner through the bot core and returns every event it streamed."""
+    async with running_runner(runner) as daemon:
+        config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"], image=image)
+        store = AsyncStore(config.store)
+        events: list[pb.RunEvent] = []
+
+        async def keep(event: pb.RunEvent) -> None:
+            events.append(event)
+
+        core = Coordinator(config, store)
+        await core.follow(await core.start("cluster-a", "U1"), keep)
+        store.close()
+    return events
 
 
 class TcpProxy:

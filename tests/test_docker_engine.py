@@ -16,16 +16,14 @@ from typing import Any
 import pytest
 
 from bot.config import ClientTls
-from bot.coordinator import Coordinator
 from bot.runner_client import open_channel
-from bot.store import AsyncStore
 from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
 from runner.engines.docker import RUN_LABEL
 from runner.ports import free_port
 from runner.tls import DevCerts
 from tests.dockerd import BUSYBOX, Dockerd
-from tests.k3fixtures import bot_config, runner_data, running_runner
+from tests.k3fixtures import run_to_end, runner_data, running_runner
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_IMAGE = "k3repro/vllm-sim:test"
@@ -80,18 +78,7 @@ def _labelled(dockerd: Dockerd) -> list[Any]:
 
 async def _run(certs: DevCerts, tmp_path: Path, engine: dict[str, Any]) -> list[pb.RunEvent]:
     data = runner_data(certs, tmp_path / "runner", allowed_images=["k3repro/vllm-sim:*"], engine=engine)
-    async with running_runner(data) as daemon:
-        config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"], image=SIM_IMAGE)
-        store = AsyncStore(config.store)
-        core = Coordinator(config, store)
-        events: list[pb.RunEvent] = []
-
-        async def keep(event: pb.RunEvent) -> None:
-            events.append(event)
-
-        await core.follow(await core.start("cluster-a", "U1"), keep)
-        store.close()
-    return events
+    return await run_to_end(certs, tmp_path, data, image=SIM_IMAGE)
 
 
 async def test_the_method_runs_in_containers_and_leaves_none(

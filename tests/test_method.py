@@ -4,30 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bot.coordinator import Coordinator
 from bot.report import run_report
-from bot.store import AsyncStore
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
 from runner.tls import DevCerts
-from tests.k3fixtures import bot_config, runner_data, running_runner
+from tests.k3fixtures import run_to_end, runner_data
 
 HOLDS, FAILS = pb.CHECKLIST_STATE_HOLDS, pb.CHECKLIST_STATE_FAILS
 
 
 async def _run(certs: DevCerts, tmp_path: Path, scenario: str) -> list[pb.RunEvent]:
-    async with running_runner(runner_data(certs, tmp_path / "runner", scenario=scenario, speed=500)) as daemon:
-        config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"])
-        store = AsyncStore(config.store)
-        core = Coordinator(config, store)
-        events: list[pb.RunEvent] = []
-
-        async def keep(event: pb.RunEvent) -> None:
-            events.append(event)
-
-        await core.follow(await core.start("cluster-a", "U1"), keep)
-        store.close()
-    return events
+    return await run_to_end(certs, tmp_path, runner_data(certs, tmp_path / "runner", scenario=scenario, speed=500))
 
 
 def _ladder(events: list[pb.RunEvent]) -> list[tuple[str, str, bool]]:

@@ -4,10 +4,7 @@ receives its start, then its verdict with the environment differences."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from bot.slack.blocks import ACTION_RERUN
 from bot.store import Store
@@ -16,13 +13,6 @@ from runner.tls import DevCerts
 from tests.k3fixtures import bot_config, runner_data, running_runner
 from tests.slack_api import SlackApi, action_body, action_payload, command_body, parent_of, post, settle, signed
 from tests.slack_api import slack_config as with_slack
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[SlackApi]:
-    server = await SlackApi().start()
-    yield server
-    await server.stop()
 
 
 async def test_the_rerun_button_posts_the_verdict_and_the_differences_in_the_original_thread(
@@ -40,7 +30,7 @@ async def test_the_rerun_button_posts_the_verdict_and_the_differences_in_the_ori
             click = action_body(action_payload(ACTION_RERUN, original, trigger="t-rerun"))
             await post(served, click, signed(click))
             await settle(served)
-            await post(served, body := command_body(f"rerun {original[:15]} isolated"), signed(body))
+            await post(served, body := command_body(f"rerun {original[:-1]} isolated"), signed(body))
             await settle(served)
     store = Store(tmp_path / "k3.db")
     reruns = store.reruns_of(original)

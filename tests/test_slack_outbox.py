@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.config import SlackConfig
@@ -31,13 +29,6 @@ from tests.slack_api import (
     slack_bot,
     slack_config,
 )
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[SlackApi]:
-    server = await SlackApi().start()
-    yield server
-    await server.stop()
 
 
 async def test_slack_rate_limiting_for_a_while_during_a_run_loses_nothing(

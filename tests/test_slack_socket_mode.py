@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from bot.slack.blocks import ACTION_RERUN
 from bot.store import Store
@@ -22,13 +19,6 @@ from tests.slack_api import (
     settle,
     slack_config,
 )
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[SlackApi]:
-    server = await SlackApi().start()
-    yield server
-    await server.stop()
 
 
 async def test_socket_mode_envelopes_start_a_run_once_and_buttons_answer(

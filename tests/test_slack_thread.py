@@ -39,13 +39,6 @@ from tests.slack_api import (
 )
 
 
-@pytest.fixture
-async def api() -> AsyncIterator[SlackApi]:
-    server = await SlackApi().start()
-    yield server
-    await server.stop()
-
-
 def verdict_posted(api: SlackApi) -> bool:
     return any(m.get("reply_broadcast") for m in api.messages.values())
 
