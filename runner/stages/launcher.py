@@ -55,7 +55,12 @@ async def launch(ctx: RunContext, command: ServeCommand, source: str) -> Launch:
     launched = command.with_flag("--host", host).with_flag("--port", str(port))
     line = shell_line(launched)
     ctx.launches += 1
-    ctx.engine = await ctx.backend.launch(launched.argv(), run_id=ctx.run_id, image=ctx.request.image)
+    starting = asyncio.ensure_future(ctx.backend.launch(launched.argv(), run_id=ctx.run_id, image=ctx.request.image))
+    try:
+        ctx.engine = await asyncio.shield(starting)
+    except asyncio.CancelledError:  # cancelled while the engine was starting: stop what it started, then go
+        await (await starting).stop(ctx.config.engine.stop_grace_s)
+        raise
     ctx.follower = follower = LogFollower(ctx.engine, ctx.emit, source)
     ctx.base_url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
     ctx.running = command
