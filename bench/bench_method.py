@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-from importlib import resources
 from pathlib import Path
 
 from bot.report import run_report
+from runner.sim.scenario import builtin_scenarios
 from runner.tls import write_dev_certs
 from tests.k3fixtures import run_to_end, runner_data
 
@@ -32,8 +32,7 @@ async def measure(scenario: str, workdir: Path) -> tuple[int, int, str]:
 
 
 def main() -> None:
-    folder = resources.files("runner.sim").joinpath("data", "scenarios")
-    scenarios = sorted(entry.name.removesuffix(".toml") for entry in folder.iterdir() if entry.name.endswith(".toml"))
+    scenarios = builtin_scenarios()
     print(
         f"| scenario | decision | launches | naive plan | GPU-minutes ({GPUS} GPUs × {LOAD_MINUTES} min a load) | naive | ratio |"
     )

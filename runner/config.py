@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runner.sim.scenario import scenario_path
 from runner.toml_reader import ConfigError, TomlReader, read_toml
 
 BACKENDS = ("docker", "process", "sim")
@@ -89,8 +90,8 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
     if backend not in BACKENDS:
         raise ConfigError(f"{origin} [engine]: backend {backend!r} is not one of {', '.join(BACKENDS)}")
     scenario = sim_reader.text("scenario", "")
-    if scenario and ("/" in scenario or scenario.endswith(".toml")):
-        scenario = str(base / scenario)
+    if scenario:
+        scenario = str(scenario_path(scenario, base))
     defaults = EngineConfig()
     engine = EngineConfig(
         backend=backend,

@@ -24,6 +24,8 @@ from typing import Any
 
 import docker
 
+from tests.procs import terminate
+
 BUSYBOX = Path("/bin/busybox")
 APPLETS = ("sh", "sed", "head", "tr", "grep", "ls", "cat")
 SITE = "usr/local/lib/python3.12/dist-packages"
@@ -178,12 +180,7 @@ def running_dockerd() -> Iterator[Dockerd]:
             client.api.import_image_from_data(image.rootfs(), repository=repository, tag=tag, changes=changes)
         yield Dockerd(url, client, process, root)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        terminate(process, 20)
         log.close()
         shutil.rmtree(root, ignore_errors=True)
 

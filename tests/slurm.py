@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner.ports import free_port
+from tests.procs import terminate
 
 UP = "k3"  # the partition that runs jobs
 DOWN = "k3down"  # a partition that is DOWN: a job there never starts
@@ -109,12 +110,7 @@ def running_slurm(root: Path) -> Iterator[Slurm]:
         yield slurm
     finally:
         for daemon in reversed(daemons):
-            daemon.terminate()
-            try:
-                daemon.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-                daemon.wait()
+            terminate(daemon, 10)
         logs.close()
 
 

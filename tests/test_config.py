@@ -19,7 +19,8 @@ def test_runner_config_resolves_paths_next_to_the_file(tmp_path: Path) -> None:
     config = load_runner_config(path)
     assert config.tls is not None and config.tls.client_ca == tmp_path / "certs/ca.pem"
     assert config.journal_path == tmp_path / "state" / "journal.sqlite"
-    assert (config.engine.backend, config.engine.sim_scenario, config.engine.sim_speed) == ("sim", "demo", 10.0)
+    assert (config.engine.backend, config.engine.sim_speed) == ("sim", 10.0)
+    assert config.engine.sim_scenario.endswith("runner/sim/data/scenarios/demo.toml")  # a built-in, by name
     assert config.labels == ("isolated",)
 
 
@@ -35,6 +36,10 @@ def test_runner_config_resolves_paths_next_to_the_file(tmp_path: Path) -> None:
         ('name = "r"\ncluster = "a"\nallowed_images = "x"\n', "'allowed_images' must be a list"),
         ('name = "r"\ncluster = 3\n', "'cluster' must be a string"),
         ("name = \n", "runner.toml"),
+        (
+            'name = "r"\ncluster = "a"\nallowed_images = ["x"]\n[engine.sim]\nscenario = "nope"\n',
+            "no sim scenario 'nope': give a scenario file or one of .*demo.*healthy",
+        ),
     ],
 )
 def test_bad_runner_configs_name_the_problem(tmp_path: Path, text: str, message: str) -> None:

@@ -17,6 +17,7 @@ from bot.config import ClientTls
 from bot.runner_client import open_channel
 from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
+from runner.engines.process import process_groups
 from runner.tls import DevCerts
 from tests.k3fixtures import KIMI_LAUNCH
 
@@ -60,7 +61,7 @@ async def test_sigterm_cancels_active_runs_and_reports_them(certs: DevCerts, tmp
             engine_pgid = 0
             async for event in events:
                 if event.WhichOneof("payload") == "phase_reached":
-                    engine_pgid = _engine_pgid("r-term")
+                    (engine_pgid,) = process_groups({"r-term"})
                     break
             assert engine_pgid
             daemon.send_signal(signal.SIGTERM)
@@ -85,20 +86,6 @@ async def _ready(stub: pb_grpc.RunnerStub) -> None:
             return
         except grpc.aio.AioRpcError:
             await asyncio.sleep(0.1)
-
-
-def _engine_pgid(run_id: str) -> int:
-    """The process group of the engine a run started (found by the marker the runner puts in its env)."""
-    mark = f"K3REPRO_RUN_ID={run_id}".encode()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as handle:
-                    if mark in handle.read().split(b"\0"):
-                        return os.getpgid(int(entry))
-            except OSError:
-                continue
-    return 0
 
 
 def test_demo_prints_the_failing_phase_and_first_error() -> None:

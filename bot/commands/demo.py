@@ -19,8 +19,9 @@ from bot.report import run_report
 from bot.store import Store
 from runner.config import parse_runner_config
 from runner.daemon import RunnerDaemon
+from runner.sim.scenario import scenario_path
 from runner.tls import write_dev_certs
-from runner.toml_reader import read_toml
+from runner.toml_reader import ConfigError, read_toml
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,23 +38,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    scenario = scenario_file(args.scenario)
+    try:
+        scenario = scenario_path(args.scenario)
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from None
     with tempfile.TemporaryDirectory(prefix="k3repro-demo-") as tmp:
         out = io.StringIO() if args.json else sys.stdout
         report = asyncio.run(demo(Path(tmp), scenario, args.speed, args.logs, out))
     if args.json:
         print(json.dumps(report, indent=2))
     return 0
-
-
-def scenario_file(scenario: str) -> Path:
-    """A scenario file, or a built-in scenario by name; a clear error names the built-in ones."""
-    builtin = resources.files("runner.sim").joinpath("data", "scenarios")
-    path = Path(scenario) if "/" in scenario or scenario.endswith(".toml") else Path(str(builtin / f"{scenario}.toml"))
-    if not path.is_file():
-        names = sorted(entry.name.removesuffix(".toml") for entry in builtin.iterdir() if entry.name.endswith(".toml"))
-        raise CommandError(f"no sim scenario {scenario!r}: give a scenario file or one of {', '.join(names)}")
-    return path.resolve()
 
 
 async def demo(workdir: Path, scenario: Path, speed: float | None, logs: bool, out: TextIO) -> dict[str, Any]:

@@ -119,9 +119,9 @@ class ProcessBackend:
         return ProcessEngine(process)
 
 
-def kill_leftovers(run_ids: set[str]) -> int:
-    """Kills the process groups of processes marked with one of `run_ids` (after a runner restart)."""
-    killed: list[int] = []
+def process_groups(run_ids: set[str]) -> set[int]:
+    """The process groups holding processes marked with one of `run_ids` (the env marker every launch gets)."""
+    groups: set[int] = set()
     marks = {f"{RUN_ID_ENV}={run_id}".encode() for run_id in run_ids}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -129,10 +129,16 @@ def kill_leftovers(run_ids: set[str]) -> int:
         try:
             with open(f"/proc/{entry.name}/environ", "rb") as handle:
                 env = set(handle.read().split(b"\0"))
-            pgid = os.getpgid(int(entry.name))
+            if env & marks:
+                groups.add(os.getpgid(int(entry.name)))
         except (OSError, ProcessLookupError):
             continue
-        if env & marks and pgid not in killed:
-            _signal_group(pgid, signal.SIGKILL)
-            killed.append(pgid)
-    return len(killed)
+    return groups
+
+
+def kill_leftovers(run_ids: set[str]) -> int:
+    """Kills the process groups of runs a previous runner process left unfinished."""
+    groups = process_groups(run_ids)
+    for pgid in groups:
+        _signal_group(pgid, signal.SIGKILL)
+    return len(groups)

@@ -4,7 +4,6 @@ scenario's [host] standing in for NVML, so no stage knows it talks to the simula
 from __future__ import annotations
 
 import sys
-from importlib import resources
 
 from runner.engines.process import ProcessBackend
 from runner.fingerprint import PythonTarget
@@ -54,7 +53,7 @@ class SimBackend(ProcessBackend):
     name = "sim"
 
     def __init__(self, scenario: str, speed: float) -> None:
-        self.scenario = _scenario_path(scenario) if scenario else ""
+        self.scenario = scenario  # a resolved path (runner.toml's loader resolves names), or "" for healthy
         self.speed = speed
         super().__init__(ScenarioNvml(self.scenario))
 
@@ -71,10 +70,3 @@ class SimBackend(ProcessBackend):
     def command(self, argv: list[str]) -> list[str]:
         _, args = split_program(argv)
         return [sys.executable, "-m", "runner.sim", "serve", *args]
-
-
-def _scenario_path(scenario: str) -> str:
-    """A built-in scenario name (e.g. "demo") or a path to a scenario file."""
-    if "/" in scenario or scenario.endswith(".toml"):
-        return scenario
-    return str(resources.files("runner.sim").joinpath("data", "scenarios", f"{scenario}.toml"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
+from importlib import resources
 from pathlib import Path
 from types import UnionType
 from typing import Any, TypeVar, get_args, get_type_hints
@@ -127,6 +128,25 @@ _POSITIVE = frozenset(
         "min_prompt_tokens",
     }
 )
+
+
+def builtin_scenarios() -> list[str]:
+    """The names of the scenarios shipped in runner/sim/data/scenarios."""
+    folder = resources.files("runner.sim").joinpath("data", "scenarios")
+    return sorted(entry.name.removesuffix(".toml") for entry in folder.iterdir() if entry.name.endswith(".toml"))
+
+
+def scenario_path(scenario: str, base: Path = Path()) -> Path:
+    """A built-in scenario by name, or a scenario file (relative to `base`); ConfigError names the built-ins."""
+    if "/" in scenario or scenario.endswith(".toml"):
+        path = base / scenario
+    else:
+        path = Path(str(resources.files("runner.sim").joinpath("data", "scenarios", f"{scenario}.toml")))
+    if not path.is_file():
+        raise ConfigError(
+            f"no sim scenario {scenario!r}: give a scenario file or one of {', '.join(builtin_scenarios())}"
+        )
+    return path.resolve()
 
 
 def load_scenario(path: str | None, error_phases: Mapping[str, str]) -> Scenario:
