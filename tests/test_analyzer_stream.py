@@ -118,6 +118,22 @@ def test_stall_is_reported_with_phase_and_last_line() -> None:
     assert analyzer.stalled(now=150.0, threshold_s=100.0) is None
 
 
+def test_a_hang_is_a_finding_categorized_by_its_last_line() -> None:
+    analyzer = StreamAnalyzer(started_at=0.0)
+    analyzer.feed("INFO 05-12 02:46:31 [api_server.py:1] non-default args: {}", at=1.0)
+    analyzer.feed("(Worker_TP3 pid=9) INFO 05-12 02:46:32 [pynccl.py:111] vLLM is using nccl==2.28.3", at=2.0)
+    nccl = analyzer.hang_finding(Stall("gpu_detect", 301.0, "(Worker_TP3 pid=9) vLLM is using nccl==2.28.3"))
+    assert (nccl.phase, nccl.category, nccl.during) == ("gpu_detect", "nccl_comm", "hang")
+    assert nccl.line == "hang: no progress in gpu_detect for 301 s; last line: (Worker_TP3 pid=9) vLLM is using nccl==2.28.3"
+    assert "NCCL_DEBUG=INFO" in nccl.hint and not nccl.secondary_oom
+    shards = analyzer.hang_finding(Stall("weight_load", 400.0, "Loading safetensors checkpoint shards:  50% Completed"))
+    assert (shards.phase, shards.category) == ("weight_load", "weight_load")  # nothing named: the phase's category
+    assert shards.signature != nccl.signature
+    assert nccl.signature == analyzer.hang_finding(Stall("gpu_detect", 999.0, "other ranks: nccl")).signature
+    silent = analyzer.hang_finding(Stall(None, 30.0, ""))
+    assert (silent.phase, silent.category) == ("container_init", "other") and silent.line.endswith("last line: (none)")
+
+
 def test_no_stall_once_ready_or_failed() -> None:
     ready = StreamAnalyzer(started_at=0.0)
     ready.feed("INFO:     Application startup complete.", at=1.0)

@@ -75,6 +75,15 @@ class FrameHint:
 
 
 @dataclass(frozen=True)
+class HangRule:
+    """A hang's category by the last line the launch wrote before it stopped making progress."""
+
+    category: str
+    pattern: re.Pattern[str]
+    hint: str
+
+
+@dataclass(frozen=True)
 class ErrorRule:
     id: str
     kind: RuleKind
@@ -111,6 +120,7 @@ class Rules:
     markers: tuple[Marker, ...]
     contexts: tuple[Context, ...]
     idle: re.Pattern[str] | None
+    hangs: tuple[HangRule, ...]
     frame_hints: tuple[FrameHint, ...]
     rules: tuple[ErrorRule, ...]
     hints: Mapping[str, str]
@@ -229,6 +239,12 @@ def _required_phase(table: _Table, key: str) -> str:
     return phase
 
 
+def _required_category(table: _Table, key: str) -> str:
+    category = _check_id(table.text(key), CATEGORIES, "category", f"{table.where}.{key}")
+    assert category is not None
+    return category
+
+
 def _phase_map(table: _Table, key: str) -> dict[str, str]:
     mapping = table.mapping(key)
     for phase, category in mapping.items():
@@ -276,6 +292,10 @@ def parse_rules(data: Mapping[str, Any], origin: str = "rules.toml") -> Rules:
     idle_table = top.table("idle")
     idle = idle_table.regex("pattern") if "pattern" in idle_table.data else None
     frame_hints = tuple(FrameHint(_required_phase(h, "phase"), h.regex("pattern")) for h in top.tables("frame_hint"))
+    hangs = tuple(
+        HangRule(_required_category(h, "category"), h.regex("pattern"), h.optional_text("hint") or "")
+        for h in top.tables("hang")
+    )
     rules = tuple(_rule(r) for r in top.tables("rule"))
     ids = [r.id for r in rules]
     if duplicates := sorted({i for i in ids if ids.count(i) > 1}):
@@ -303,6 +323,7 @@ def parse_rules(data: Mapping[str, Any], origin: str = "rules.toml") -> Rules:
         markers=markers,
         contexts=contexts,
         idle=idle,
+        hangs=hangs,
         frame_hints=frame_hints,
         rules=rules,
         hints=hints,

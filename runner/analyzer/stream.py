@@ -244,6 +244,23 @@ class StreamAnalyzer:
             return None
         return Stall(self._marker_phase, idle, self._last_line)
 
+    def hang_finding(self, stall: Stall) -> ErrorFinding:
+        """A hang as the launch's first error: where it stopped, and what its last line says it waited for."""
+        phase = stall.phase or "container_init"
+        rule = next((h for h in self.rules.hangs if h.pattern.search(stall.last_line)), None)
+        category = rule.category if rule else self.rules.category_by_phase.get(phase, self.rules.default_category)
+        return ErrorFinding(
+            phase=phase,
+            category=category,
+            line=f"hang: no progress in {phase} for {stall.idle_s:.0f} s; last line: {stall.last_line or '(none)'}",
+            line_no=self._n,
+            context=(stall.last_line,),
+            secondary_oom=False,
+            signature=signature(self.rules, phase, category, "hang"),
+            hint=(rule.hint if rule else "") or self.rules.category_hint(category),
+            during="hang",
+        )
+
     # -- feeding --------------------------------------------------------------------------------
 
     def feed(self, line: str, at: float | None = None) -> list[PhaseFinding | ErrorFinding]:

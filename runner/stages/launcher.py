@@ -133,12 +133,8 @@ async def _until_ready(ctx: RunContext, follower: LogFollower) -> tuple[bool, st
                 )
             stall = follower.analyzer.stalled(time.monotonic(), engine_config.stall_timeout_s)
             if stall is not None:
-                phase = stall.phase or "container_init"
-                return (
-                    False,
-                    f"hang: no progress in phase {phase} for {stall.idle_s:.0f} s; last line: {stall.last_line}",
-                    Attempt(phase, "other", f"hang in {phase}"),
-                )
+                hang = await follower.hang(stall)
+                return False, f"failed in {hang.phase} ({hang.category}): {hang.line}", None
             if await healthy(http, ctx.base_url):
                 return True, f"API answered at {ctx.base_url} (/health 200)", None
             if time.monotonic() > deadline:

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from protos import runner_pb2 as pb
 from protos.vocab import from_id
-from runner.analyzer import ErrorFinding, PhaseFinding, StreamAnalyzer
+from runner.analyzer import ErrorFinding, PhaseFinding, Stall, StreamAnalyzer
 from runner.engines import RunningEngine
 from runner.redact import redactor
 from runner.stages.context import Emit
@@ -84,6 +84,11 @@ class LogFollower:
         await self._flush()
         await self._emit(first_error=first_error_message(finding))
         self.first_error.set_result(finding)
+
+    async def hang(self, stall: Stall) -> ErrorFinding:
+        """Reports a hang as this launch's first error (no progress is itself the finding)."""
+        await self._found(self.analyzer.hang_finding(stall))
+        return self.first_error.result()
 
     async def _oom_seen_later(self) -> None:
         """An OOM after the first error makes it secondary; the thread learns it from an updated FirstError."""

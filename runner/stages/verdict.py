@@ -76,9 +76,7 @@ async def _first_error(ctx: RunContext) -> None:
         )
         await ctx.check(pb.CHECKLIST_ID_FIRST_ERROR_SAVED, HOLDS, evidence)
     elif ctx.attempts:
-        await ctx.check(
-            pb.CHECKLIST_ID_FIRST_ERROR_SAVED, FAILS, "the launch failed without an error line (hang or exit)"
-        )
+        await ctx.check(pb.CHECKLIST_ID_FIRST_ERROR_SAVED, FAILS, "the launch exited without an error line")
     elif ctx.steps:
         await ctx.check(pb.CHECKLIST_ID_FIRST_ERROR_SAVED, FAILS, "nothing failed: every stage and ladder step held")
 
