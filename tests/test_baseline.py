@@ -221,7 +221,9 @@ async def _run(certs: DevCerts, tmp_path: Path, scenario: str) -> tuple[pb.RunFi
 
 async def test_an_incompatible_host_stops_the_run_at_baseline(certs: DevCerts, tmp_path: Path) -> None:
     scenario = tmp_path / "old-driver.toml"
-    scenario.write_text('[host]\ndriver_version = "570.86.15"\ncuda_driver_version = 12080\n')
+    scenario.write_text(
+        '[deployment]\ncommand = "vllm serve m"\n[host]\ndriver_version = "570.86.15"\ncuda_driver_version = "12.8"\n'
+    )
     finished, events = await _run(certs, tmp_path, str(scenario))
     stages = {e.stage_finished.stage: e.stage_finished for e in events if e.HasField("stage_finished")}
     assert stages[pb.STAGE_FREEZE].status == pb.STAGE_STATUS_OK

@@ -157,7 +157,8 @@ def test_diff_puts_what_matters_apart_from_noise() -> None:
 def test_the_sim_host_answers_nvml_from_its_scenario(tmp_path: Path) -> None:
     scenario = tmp_path / "leftover.toml"
     scenario.write_text(
-        '[host]\ngpu_count = 4\ngpu_name = "NVIDIA H200"\ngpu_memory_gib = 141.0\nforeign_memory_gib = 20.0\n'
+        '[deployment]\ncommand = "vllm serve m"\n'
+        '[host]\ngpu_count = 4\ngpu_name = "NVIDIA H200"\ngpu_memory_mib = 144384\nforeign_memory_mib = 20480\n'
     )
     view = ScenarioNvml(str(scenario)).read()
     assert view.available and view.driver_version == "580.65.06" and view.cuda_driver_version == "13.0"

@@ -21,7 +21,7 @@ import pytest
 from runner.sim.catalog import catalog
 from runner.sim.facts import compute_facts
 from runner.sim.prefix_cache import PrefixCache
-from runner.sim.scenario import STARTUP_PHASES, When, load_scenario
+from runner.sim.scenario import STARTUP_PHASES, Fault, RequestView, When, load_scenario
 from runner.sim.settings import UsageError, settings_from
 from runner.sim.startup import script
 from runner.vllm_cli import parse_serve_args
@@ -142,8 +142,10 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 def write_scenario(tmp_path: Path, text: str) -> str:
+    """A scenario file; the deployment, which the simulator does not use, is added when the text has none."""
     path = tmp_path / "scenario.toml"
-    path.write_text(text)
+    deployment = "" if "[deployment]" in text else '\n[deployment]\ncommand = "vllm serve org/model"\n'
+    path.write_text(text + deployment)
     return str(path)
 
 
@@ -280,10 +282,22 @@ def test_command_line_refused_like_argparse(args: list[str], error: str) -> None
         ('[[fault]]\nphase = "request"\nerror = "driver_too_old"\n', "happens in phase gpu_detect, not request"),
         ('[host]\ngpu_count = "eight"\n', "[host]: 'gpu_count' must be an integer"),
         (
-            '[[fault]]\nphase = "gpu_detect"\nerror = "driver_too_old"\nwhen = { flag = "--nope" }\n',
-            "not a vllm serve flag",
+            '[[fault]]\nphase = "gpu_detect"\nerror = "driver_too_old"\nwhen = { flags_present = ["--nope"] }\n',
+            "'--nope' is not a vllm serve flag",
         ),
         ("[host\n", "Expected"),
+        ('[deployment]\nimage = "x"\n', "[deployment]: missing key 'command'"),
+        ('[deployment]\ncommand = "vllm serve m --turbo"\n', "'command': unrecognized arguments: --turbo"),
+        ('[deployment]\ncommand = "vllm serve m"\nrequest = { max_tokens = 4 }\n', "messages (chat) or prompt"),
+        ('[[fault]]\nerror = "x: y"\nseverity = 3\n', "fault[0]: unknown key 'severity'"),
+        ('[[fault]]\nphase = "weight_load"\neffect = "error_response"\n', "only applies to phase request"),
+        ('[[fault]]\nphase = "gpu_detect"\neffect = "explode"\n', "effect must be one of crash, hang"),
+        ('[[fault]]\nphase = "gpu_detect"\nwhen = { concurrency_min = 2 }\n', "concurrency_min only applies"),
+        ("[[fault]]\nprobability = 1.5\n", "'probability' must be between 0 and 1"),
+        ('[[fault]]\nwhen = { flag_values = { "--max-model-len" = ">long" } }\n', "compares with >: give a number"),
+        ('[[fault]]\nwhen = { flag_values = { "--enforce-eager" = "1" } }\n', "--enforce-eager takes no value"),
+        ('[[fault]]\nid = "a"\n[[fault]]\nid = "a"\n', "fault id 'a' is used twice"),
+        ('[host]\ncuda_driver_version = "13"\n', "'cuda_driver_version' must read like \"13.0\""),
     ],
 )
 def test_invalid_scenario_is_one_line_exit_2(tmp_path: Path, text: str, problem: str) -> None:
@@ -399,8 +413,8 @@ def _wait_for(process: Sim, marker: str, timeout: float = 15) -> bool:
             "which is larger than the available KV cache memory (245.36 GiB). Based on the available memory, "
             "the estimated maximum model length is 2009984.",
         ),
-        ([], "foreign_memory_gib = 40.0", "Free memory on device cuda:0 (248.00/288.00 GiB) on startup is less than"),
-        ([], "gpu_memory_gib = 8.0", "torch.OutOfMemoryError: CUDA out of memory."),
+        ([], "foreign_memory_mib = 40960", "Free memory on device cuda:0 (248.00/288.00 GiB) on startup is less than"),
+        ([], "gpu_memory_mib = 8192", "torch.OutOfMemoryError: CUDA out of memory."),
         (["-tp", "16"], "", "World size (16) is larger than the number of available GPUs (8) in this node."),
     ],
 )
@@ -434,7 +448,7 @@ async def test_request_fault_gives_500_then_503_then_exit(
         tmp_path,
         "[timings]\nengine_death_exit = 1000.0\n"
         '[[fault]]\nphase = "request"\nerror = "engine_dead_illegal_memory_access"\nrank = 1\n'
-        "when = { min_prompt_tokens = 30 }\n",
+        "when = { prompt_tokens_min = 30 }\n",
     )
     process = sim(["org/model", "-tp", "2"], scenario)
     await process.ready(http)
@@ -467,6 +481,169 @@ async def test_request_fault_gives_500_then_503_then_exit(
         ],
     )
     assert "INFO:     Finished server process [" in out.stderr
+
+
+# The fault of issue #5's scenario contract, verbatim.
+CONTRACT_EXAMPLE = """
+[deployment]
+command = "vllm serve moonshotai/Kimi-K3 --tensor-parallel-size 8 --trust-remote-code --load-format fastsafetensors --enable-prefix-caching --max-model-len 262144 --enable-auto-tool-choice --tool-call-parser kimi_k2"
+image = "vllm/vllm-openai:kimi-k3"
+request = { max_tokens = 64, messages = [{ role = "user", content = "Say hello." }] }
+
+[host]
+driver_version = "580.65.06"
+cuda_driver_version = "13.0"
+gpu_name = "NVIDIA GB300"
+gpu_count = 8
+gpu_memory_mib = 196608
+foreign_memory_mib = 0
+seed = 1
+
+[[fault]]
+id = "prefix-ima"
+phase = "request"
+effect = "crash"
+error = "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"
+traceback = true
+probability = 1.0
+[fault.when]
+flags_present = ["--enable-prefix-caching"]
+flags_absent = ["--enforce-eager"]
+flag_values = { "--max-model-len" = ">131072", "--tensor-parallel-size" = "8" }
+prompt_tokens_min = 8000
+repeated_prefix = true
+tools = false
+concurrency_min = 1
+driver_below = "580"
+foreign_memory = true
+"""
+
+
+def test_the_contract_example_loads_as_written(tmp_path: Path) -> None:
+    scenario = load_scenario(write_scenario(tmp_path, CONTRACT_EXAMPLE), catalog().phases())
+    assert scenario.deployment is not None and scenario.deployment.argv[:3] == ("vllm", "serve", "moonshotai/Kimi-K3")
+    assert (scenario.deployment.image, scenario.deployment.api) == ("vllm/vllm-openai:kimi-k3", "chat")
+    assert scenario.deployment.request == {"max_tokens": 64, "messages": [{"role": "user", "content": "Say hello."}]}
+    assert (scenario.host.gpu_memory_gib, scenario.host.cuda_version_number, scenario.host.seed) == (192.0, 13000, 1)
+    (fault,) = scenario.faults
+    assert (fault.id, fault.phase, fault.effect, fault.traceback) == ("prefix-ima", "request", "crash", True)
+    assert fault.when.flag_values == (("--max-model-len", ">131072"), ("--tensor-parallel-size", "8"))
+    assert (fault.when.driver_below, fault.when.foreign_memory, fault.when.concurrency_min) == ("580", True, 1)
+
+
+def _long_prompt(words: int, tail: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": "incident " * words + tail}]
+
+
+async def test_an_error_given_as_text_crashes_the_engine_with_vllms_wrappers(
+    sim: StartSim, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    scenario = write_scenario(
+        tmp_path,
+        "[timings]\nengine_death_exit = 1000.0\n"
+        '[[fault]]\nerror = "torch.AcceleratorError: CUDA error: misaligned address {sic}"\nrank = 1\n'
+        '[fault.when]\nflags_present = ["--enable-prefix-caching"]\nprompt_tokens_min = 100\nrepeated_prefix = true\n',
+    )
+    process = sim(["org/model", "-tp", "2", "--enable-prefix-caching"], scenario)
+    await process.ready(http)
+    status, _ = await chat(http, process.url, messages=_long_prompt(150, "first"), max_tokens=4)
+    assert status == 200  # long, but its prefix is new
+    status, _ = await chat(http, process.url, messages=_long_prompt(10, "short"), max_tokens=4)
+    assert status == 200  # its prefix repeats, but it is short
+    status, _ = await chat(http, process.url, messages=_long_prompt(150, "second"), max_tokens=4)
+    assert status == 500
+    process.process.send_signal(signal.SIGTERM)
+    out = process.output()
+    assert_vllm_format(out)
+    assert_in_order(
+        out.stdout,
+        [
+            "(Worker_TP1 pid=",
+            "WorkerProc hit an exception.",
+            "torch.AcceleratorError: CUDA error: misaligned address {sic}",  # verbatim: no format fields
+            "EngineCore encountered a fatal error.",
+            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.",
+        ],
+    )
+
+
+async def test_an_error_response_fails_the_request_and_the_server_goes_on(
+    sim: StartSim, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    scenario = write_scenario(
+        tmp_path,
+        '[[fault]]\neffect = "error_response"\ntraceback = false\n'
+        'error = "ValueError: tool parser kimi_k3 failed to parse the model output"\nwhen = { tools = true }\n',
+    )
+    process = sim(["org/model"], scenario)
+    await process.ready(http)
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    status, body = await chat(http, process.url, messages=_long_prompt(1, "go"), max_tokens=4, tools=tools)
+    assert (status, body["error"]["type"]) == (500, "InternalServerError")
+    assert body["error"]["message"] == "ValueError: tool parser kimi_k3 failed to parse the model output"
+    status, _ = await chat(http, process.url, messages=_long_prompt(1, "go"), max_tokens=4)
+    assert status == 200
+    async with http.get(f"{process.url}/health") as response:
+        assert response.status == 200
+    out = process.stop()
+    assert out.code == 0
+    logged = [line for line in out.stdout.split("\n") if "tool parser kimi_k3 failed" in line]
+    assert len(logged) == 1 and " ERROR " in logged[0] and "Traceback" not in out.stdout
+
+
+async def test_concurrency_condition_counts_the_requests_in_the_engine(
+    sim: StartSim, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    scenario = write_scenario(
+        tmp_path, '[[fault]]\neffect = "error_response"\nerror = "RuntimeError: busy"\nwhen = { concurrency_min = 3 }\n'
+    )
+    process = sim(["org/model"], scenario, speed="20")
+    await process.ready(http)
+    status, _ = await chat(http, process.url, messages=_long_prompt(1, "alone"), max_tokens=8)
+    assert status == 200
+    results = await asyncio.gather(
+        *(chat(http, process.url, messages=_long_prompt(1, f"n{n}"), max_tokens=8) for n in range(4))
+    )
+    assert sorted(status for status, _ in results) == [200, 200, 500, 500]  # the 3rd and 4th in flight
+
+
+def test_a_startup_hang_stops_making_progress_until_sigterm(sim: StartSim, tmp_path: Path) -> None:
+    scenario = write_scenario(
+        tmp_path,
+        '[[fault]]\nphase = "gpu_detect"\neffect = "hang"\nrank = 1\n'
+        'error = "host:1:2 [1] NCCL INFO Channel 00/0 : 1[1] -> 0[0] via P2P/CUMEM"\n',
+    )
+    process = sim(["org/model", "-tp", "2"], scenario)
+    assert _wait_for(process, "Resolved architecture")
+    time.sleep(1.0)  # 200 simulated seconds: far longer than the rest of the start-up
+    assert process.process.poll() is None
+    out = process.stop()
+    assert out.code == 0
+    assert "Starting to load model" not in out.stdout
+    last = [line for line in out.stderr.split("\n") if line and "shutdown" not in line.lower()]
+    assert "(Worker_TP1 pid=" in last[-1] and last[-1].endswith("NCCL INFO Channel 00/0 : 1[1] -> 0[0] via P2P/CUMEM")
+
+
+def test_a_flaky_startup_fault_strikes_by_launch_number(tmp_path: Path) -> None:
+    scenario = write_scenario(  # a launch the flaky fault spares meets the certain one later
+        tmp_path,
+        '[host]\nseed = 3\n[[fault]]\nid = "ecc"\nphase = "weight_load"\nerror = "RuntimeError: ECC"\nprobability = 0.5\n'
+        '[[fault]]\nphase = "engine_init"\nerror = "RuntimeError: later"\n',
+    )
+    fault = load_scenario(scenario, catalog().phases()).faults[0]
+    expected = [fault.strikes(3, launch) for launch in (1, 2, 3, 4, 5, 6)]
+    assert True in expected and False in expected
+    seen = []
+    for launch in (1, 2, 3, 4, 5, 6):
+        done = subprocess.run(
+            [sys.executable, "-m", "runner.sim", "serve", "m", "--port", str(free_port())],
+            capture_output=True,
+            timeout=15,
+            env={"VLLM_SIM_SCENARIO": scenario, "VLLM_SIM_SPEED": "2000", "VLLM_SIM_LAUNCH": str(launch)},
+        )
+        assert done.returncode == 1
+        seen.append(b"RuntimeError: ECC" in done.stdout + done.stderr)
+    assert seen == expected
 
 
 # --- HTTP -------------------------------------------------------------------------------------------
@@ -628,13 +805,39 @@ def test_flag_values_are_checked() -> None:
 
 
 def test_fault_conditions_on_flags_and_prompt_length() -> None:
-    with_flag = parse_serve_args(["m", "--enable-prefix-caching"])
+    with_flag = parse_serve_args(["m", "--enable-prefix-caching", "--max-model-len", "262144", "-tp", "8"])
     without = parse_serve_args(["m"])
     negated = parse_serve_args(["m", "--no-enable-prefix-caching"])
-    when = When(flag="--enable-prefix-caching")
-    assert when.launch_matches(with_flag) and not when.launch_matches(without) and not when.launch_matches(negated)
-    assert When(flag="--no-enable-prefix-caching").launch_matches(negated)
-    assert When(min_prompt_tokens=10).request_matches(10) and not When(min_prompt_tokens=10).request_matches(9)
+    host = load_scenario(None, catalog().phases()).host
+    present = When(flags_present=("--enable-prefix-caching",))
+    assert present.launch_matches(with_flag, host) and not present.launch_matches(without, host)
+    assert not present.launch_matches(negated, host)
+    assert When(flags_present=("--no-enable-prefix-caching",)).launch_matches(negated, host)
+    assert When(flags_absent=("--enforce-eager",)).launch_matches(with_flag, host)
+    assert not When(flags_absent=("--max-model-len",)).launch_matches(with_flag, host)
+    values = When(flag_values=(("--max-model-len", ">131072"), ("--tensor-parallel-size", "8")))
+    assert values.launch_matches(with_flag, host) and not values.launch_matches(without, host)  # not given: no value
+    assert not When(flag_values=(("--max-model-len", "<=131072"),)).launch_matches(with_flag, host)
+    assert When(flag_values=(("--max-model-len", "!=4096"),)).launch_matches(with_flag, host)
+    assert When(driver_below="580.65.07").launch_matches(without, host)  # the default host runs 580.65.06
+    assert not When(driver_below="580").launch_matches(without, host)
+    assert When(foreign_memory=False).launch_matches(without, host)
+    assert not When(foreign_memory=True).launch_matches(without, host)
+    request = RequestView(prompt_tokens=10, repeated_prefix=True, tools=False, concurrency=3)
+    assert When(prompt_tokens_min=10, repeated_prefix=True, tools=False, concurrency_min=3).request_matches(request)
+    assert not When(prompt_tokens_min=11).request_matches(request)
+    assert not When(tools=True).request_matches(request)
+    assert not When(concurrency_min=4).request_matches(request)
+    assert not When(repeated_prefix=False).request_matches(request)
+
+
+def test_a_flaky_fault_varies_with_the_launch_and_replays_with_the_seed() -> None:
+    fault = Fault(id="ecc", phase="weight_load", effect="crash", error="", probability=0.3)
+    draws = [fault.strikes(seed=7, launch=n) for n in range(1, 1001)]
+    assert 250 < sum(draws) < 350  # about the probability over many launches
+    assert draws == [fault.strikes(seed=7, launch=n) for n in range(1, 1001)]  # the same run replays
+    assert draws != [fault.strikes(seed=8, launch=n) for n in range(1, 1001)]  # another seed, other attempts
+    assert all(Fault(id="x", phase="request", effect="crash", error="").strikes(0, n) for n in range(50))
 
 
 @pytest.mark.parametrize("multiproc", [True, False])
@@ -645,7 +848,7 @@ def test_catalog_renders_every_error_and_stops_at_a_real_line(multiproc: bool) -
     values = compute_facts(settings, load_scenario(None, catalog().phases())).values()
     for key, spec in catalog().errors.items():
         assert spec.phase == "request" or spec.at in ids, key
-        blocks = catalog().blocks(key, 1, multiproc, values)
+        blocks = catalog().blocks(spec, 1, multiproc, values)
         root = blocks[0]
         assert root.frames[0].startswith("  File "), key
         assert re.match(r"[\w.]+(Error|Exception): \S", root.exception[0]), key  # `Type: message`, formatted

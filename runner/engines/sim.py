@@ -4,16 +4,16 @@ scenario's [host] standing in for NVML, so no stage knows it talks to the simula
 from __future__ import annotations
 
 import sys
+from collections import Counter
 
 from runner.engines.process import ProcessBackend
 from runner.fingerprint import PythonTarget
-from runner.nvml import GpuInfo, GpuProcess, NvmlView, cuda_version_text
+from runner.nvml import GpuInfo, GpuProcess, NvmlView
 from runner.sim.catalog import catalog
 from runner.sim.scenario import load_scenario
 from runner.toml_reader import ConfigError
 from runner.vllm_cli import split_program
 
-_MIB_PER_GIB = 1024
 FOREIGN_PID = 4242  # the simulated leftover process holding memory on every GPU
 
 
@@ -28,13 +28,13 @@ class ScenarioNvml:
             host = load_scenario(self.scenario or None, catalog().phases()).host
         except ConfigError as exc:
             return NvmlView(available=False, error=f"NVML init failed: {exc}")
-        foreign = int(host.foreign_memory_gib * _MIB_PER_GIB)
+        foreign = host.foreign_memory_mib
         gpus = tuple(
             GpuInfo(
                 index=index,
                 name=host.gpu_name,
                 uuid=f"GPU-{index:08x}-0000-4000-8000-000000000000",
-                memory_total_mib=int(host.gpu_memory_gib * _MIB_PER_GIB),
+                memory_total_mib=host.gpu_memory_mib,
                 memory_used_mib=foreign,
             )
             for index in range(host.gpu_count)
@@ -43,7 +43,7 @@ class ScenarioNvml:
         return NvmlView(
             available=True,
             driver_version=host.driver_version,
-            cuda_driver_version=cuda_version_text(host.cuda_driver_version),
+            cuda_driver_version=host.cuda_driver_version,
             gpus=gpus,
             processes=processes,
         )
@@ -55,6 +55,7 @@ class SimBackend(ProcessBackend):
     def __init__(self, scenario: str, speed: float) -> None:
         self.scenario = scenario  # a resolved path (runner.toml's loader resolves names), or "" for healthy
         self.speed = speed
+        self._launches: Counter[str] = Counter()  # per run: a flaky scenario replays the same way in each run
         super().__init__(ScenarioNvml(self.scenario))
 
     def probe_target(self, argv: list[str], image: str) -> PythonTarget:
@@ -63,6 +64,8 @@ class SimBackend(ProcessBackend):
     def environment(self, run_id: str) -> dict[str, str]:
         env = super().environment(run_id)
         env["VLLM_SIM_SPEED"] = str(self.speed)
+        self._launches[run_id] += 1
+        env["VLLM_SIM_LAUNCH"] = str(self._launches[run_id])
         if self.scenario:
             env["VLLM_SIM_SCENARIO"] = self.scenario
         return env

@@ -46,6 +46,7 @@ class Block:
     title: str  # the line before a bare traceback (e.g. "Process EngineCore:")
     frames: tuple[str, ...]
     exception: tuple[str, ...]
+    traceback: bool = True  # False: the exception without its traceback
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class Catalog:
         self._fragments: dict[str, str] = dict(data["fragment"])
         self._origins: dict[str, dict[str, Any]] = dict(data["origin"])
         self._wrappers: dict[str, dict[str, Any]] = dict(data["wrapper"])
+        self._response_error: dict[str, str] = dict(data["response_error"])
         self.errors = {
             key: ErrorSpec(
                 key=key,
@@ -101,9 +103,29 @@ class Catalog:
     def phases(self) -> dict[str, str]:
         return {key: spec.phase for key, spec in self.errors.items()}
 
-    def blocks(self, key: str, rank: int, multiproc: bool, values: Mapping[str, object]) -> list[Block]:
-        """The failure `key` raised on TP rank `rank`, rendered with the simulated facts."""
-        spec = self.errors[key]
+    def spec(self, error: str, phase: str) -> ErrorSpec:
+        """A catalog error by key, or an error given by its text: raised where that phase's errors are raised
+        (the API server for api_listen, a TP worker otherwise), with no frames of its own."""
+        if error in self.errors:
+            return self.errors[error]
+        return ErrorSpec(
+            key="",
+            phase=phase,
+            raised_in="api" if phase == "api_listen" else "worker",
+            at="",
+            only=frozenset(),
+            logged="",
+            logged_file="",
+            frames=(),
+            exception=error.replace("{", "{{").replace("}", "}}"),  # verbatim, not a format string
+        )
+
+    def blocks(
+        self, spec: ErrorSpec, rank: int, multiproc: bool, values: Mapping[str, object], *, traceback: bool = True
+    ) -> list[Block]:
+        """The failure `spec` raised on TP rank `rank`, rendered with the simulated facts (none without a text)."""
+        if not spec.exception:
+            return []
         where = {"worker": "worker" if multiproc else "uni", "engine": "engine", "api": "api"}[spec.raised_in]
         role: Role = "worker" if where == "worker" else "api" if where == "api" else "engine"
         names: dict[str, object] = {**values, "rank": rank}
@@ -121,8 +143,9 @@ class Catalog:
                 header=origin.get("header", ""),
                 file=origin.get("file", ""),
                 title="",
-                frames=_lines(origin["stack"]) + spec.frames,
+                frames=_lines(origin["stack"]) + spec.frames if traceback else (),
                 exception=exception,
+                traceback=traceback,
             )
         ]
         for name in origin["then"]:
@@ -144,6 +167,23 @@ class Catalog:
                 )
             )
         return blocks
+
+    def response_error(self, text: str, traceback: bool) -> Block:
+        """The API server's log of a request it answers with an error while it goes on serving."""
+        raw = self._response_error
+        return Block(
+            role="api",
+            rank=0,
+            delay=0.0,
+            logged="",
+            logged_file="",
+            header=raw["header"],
+            file=raw["file"],
+            title="",
+            frames=_lines(raw["stack"]) if traceback else (),
+            exception=_lines(text),
+            traceback=traceback,
+        )
 
     def http_body(self, key: str, **names: object) -> tuple[int, dict[str, object]]:
         """An HTTP error as vLLM 0.33 returns it: status and `{"error": {...}}` body."""

@@ -1,8 +1,9 @@
 """`vllm-sim serve MODEL [vllm serve flags]`: argument and environment checks, then the simulation.
 
-Configuration comes from the command line (as for vLLM) and two environment variables set by the
-runner's sim backend: VLLM_SIM_SCENARIO (path of a fault scenario; none = a healthy host) and
-VLLM_SIM_SPEED (simulated seconds per wall-clock second, default 1).
+Configuration comes from the command line (as for vLLM) and environment variables set by the runner's
+sim backend: VLLM_SIM_SCENARIO (path of a fault scenario; none = a healthy host), VLLM_SIM_SPEED
+(simulated seconds per wall-clock second, default 1) and VLLM_SIM_LAUNCH (which launch of the run this
+is, default 0: flaky faults draw from the scenario's seed and this number).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from runner.vllm_cli import LaunchCommandError, parse_serve_args
 
 SCENARIO_ENV = "VLLM_SIM_SCENARIO"
 SPEED_ENV = "VLLM_SIM_SPEED"
+LAUNCH_ENV = "VLLM_SIM_LAUNCH"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,12 +35,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         speed = _speed(os.environ.get(SPEED_ENV, "1"))
+        launch = _launch(os.environ.get(LAUNCH_ENV, "0"))
         scenario = load_scenario(os.environ.get(SCENARIO_ENV) or None, catalog().phases())
         scenario.check_ranks(settings.tensor_parallel_size)
     except ConfigError as exc:
         sys.stderr.write(f"vllm-sim: {exc}\n")
         return 2
-    return asyncio.run(simulate(compute_facts(settings, scenario), speed))
+    return asyncio.run(simulate(compute_facts(settings, scenario, launch), speed))
 
 
 def _settings(args: list[str]) -> Settings:
@@ -63,3 +66,9 @@ def _speed(text: str) -> float:
     if not speed > 0 or speed == float("inf"):
         raise ConfigError(f"{SPEED_ENV} must be a positive number, got {text!r}")
     return speed
+
+
+def _launch(text: str) -> int:
+    if not text.isdigit():
+        raise ConfigError(f"{LAUNCH_ENV} must be a non-negative integer, got {text!r}")
+    return int(text)

@@ -17,10 +17,10 @@ from runner.sim.catalog import Catalog
 from runner.sim.clock import SimClock
 from runner.sim.datafiles import load
 from runner.sim.facts import Facts
-from runner.sim.failure import write_failure
+from runner.sim.failure import hang, write_failure
 from runner.sim.logwriter import LogWriter, Procs
 from runner.sim.prefix_cache import PrefixCache
-from runner.sim.scenario import Fault
+from runner.sim.scenario import Fault, RequestView
 from runner.sim.tokenizer import reply, tokenize
 
 _EOS = ""  # the end-of-sequence token: counted as generated, never shown
@@ -31,11 +31,16 @@ class EngineDeadError(Exception):
     """The engine core died; the API server answers 500 until it exits."""
 
 
+class FaultResponseError(Exception):
+    """A fault answered this request with an error; the server goes on serving."""
+
+
 @dataclass(frozen=True)
 class Generation:
     prompt: list[str]
     output: list[str]  # ends with _EOS when the model stopped by itself
     finish_reason: str  # "stop" | "length"
+    tools: bool = False  # the request offers tools
 
     @property
     def text_tokens(self) -> list[str]:
@@ -59,6 +64,9 @@ class Engine:
             block_size=facts.settings.block_size,
             capacity_blocks=facts.num_gpu_blocks,
         )
+        self._first_blocks: set[tuple[str, ...]] = set()  # first KV block of every request seen
+        self._draws: Counter[str] = Counter()  # matching requests per fault, for probability draws
+        self._stuck = asyncio.Event()
         self.dead = asyncio.Event()
         self.waiting = 0
         self.prompt_tokens = 0
@@ -73,13 +81,13 @@ class Engine:
         used = sum(math.ceil(tokens / self.cache.block_size) for tokens in self._active.values())
         return used / self._facts.num_gpu_blocks if self._facts.num_gpu_blocks else 0.0
 
-    def plan(self, prompt: list[str], max_tokens: int) -> Generation:
+    def plan(self, prompt: list[str], max_tokens: int, *, tools: bool = False) -> Generation:
         """What the model answers: the same prompt always gets the same reply, cut at max_tokens."""
         natural = self._facts.scenario.model.reply_tokens
         words = [*reply(prompt, self._words, natural - 1), _EOS]
         if max_tokens >= natural:
-            return Generation(prompt, words, "stop")
-        return Generation(prompt, words[:max_tokens], "length")
+            return Generation(prompt, words, "stop", tools)
+        return Generation(prompt, words[:max_tokens], "length", tools)
 
     async def run(self, generation: Generation) -> AsyncIterator[str]:
         """Schedules and runs a request, yielding its text tokens as they are decoded."""
@@ -92,9 +100,11 @@ class Engine:
         key = id(generation)
         try:
             self._check_alive()
-            fault = self._request_fault(len(generation.prompt))
+            if self._stuck.is_set():  # a hung engine schedules nothing more
+                await hang([], self._log, self._procs)
+            fault = self._request_fault(self._view(generation))
             if fault is not None:
-                await self._die(fault)
+                await self._strike(fault)
             cached = self.cache.schedule(generation.prompt)
             self._window.append((len(generation.prompt), cached))
             self._active[key] = len(generation.prompt)
@@ -117,22 +127,43 @@ class Engine:
         if self.dead.is_set():
             raise EngineDeadError
 
-    def _request_fault(self, prompt_tokens: int) -> Fault | None:
-        conditions = self._facts.conditions()
-        for fault in self._facts.scenario.faults:
+    def _view(self, generation: Generation) -> RequestView:
+        """The request as request-phase conditions see it; remembers its first KV block."""
+        first = tuple(generation.prompt[: self.cache.block_size])
+        repeated = len(first) == self.cache.block_size and first in self._first_blocks
+        if len(first) == self.cache.block_size:
+            self._first_blocks.add(first)
+        return RequestView(len(generation.prompt), repeated, generation.tools, len(self._active) + self.waiting + 1)
+
+    def _request_fault(self, request: RequestView) -> Fault | None:
+        conditions, scenario = self._facts.conditions(), self._facts.scenario
+        for fault in scenario.faults:
             if (
                 fault.phase == "request"
-                and self._catalog.errors[fault.error].only <= conditions
-                and fault.when.launch_matches(self._facts.settings.command)
-                and fault.when.request_matches(prompt_tokens)
+                and self._catalog.spec(fault.error, fault.phase).only <= conditions
+                and fault.when.launch_matches(self._facts.settings.command, scenario.host)
+                and fault.when.request_matches(request)
             ):
-                return fault
+                self._draws[fault.id] += 1
+                if fault.strikes(scenario.host.seed, self._facts.launch, self._draws[fault.id]):
+                    return fault
         return None
 
-    async def _die(self, fault: Fault) -> None:
+    async def _strike(self, fault: Fault) -> None:
+        """The fault's effect on the engine: it dies, it answers this request with an error, or it hangs."""
+        multiproc, spec = self._facts.multiproc, self._catalog.spec(fault.error, fault.phase)
+        rank = fault.rank if multiproc else 0
+        blocks = self._catalog.blocks(spec, rank, multiproc, self._facts.values(), traceback=fault.traceback)
+        if fault.effect == "error_response":
+            exception = blocks[0].exception if blocks else ()
+            if exception:
+                logged = self._catalog.response_error("\n".join(exception), fault.traceback)
+                await write_failure([logged], self._log, self._procs, self._clock)
+            raise FaultResponseError(exception[0] if exception else "Internal Server Error")
+        if fault.effect == "hang":
+            self._stuck.set()
+            await hang([] if spec.key else blocks, self._log, self._procs)
         self.dead.set()
-        multiproc = self._facts.multiproc
-        blocks = self._catalog.blocks(fault.error, fault.rank if multiproc else 0, multiproc, self._facts.values())
         await write_failure(blocks, self._log, self._procs, self._clock)
         raise EngineDeadError
 

@@ -36,6 +36,7 @@ class Facts:
     max_num_seqs: int
     max_num_batched_tokens: int
     phase_seconds: dict[str, float]
+    launch: int = 0  # which launch of the run this is: flaky faults draw per launch
 
     @property
     def multiproc(self) -> bool:
@@ -99,7 +100,7 @@ class Facts:
             "dist_port": 20000 + int(digest[:8], 16) % 40000,
             "compile_hash": digest[8:18],
             "nccl_version": host.nccl_version,
-            "cuda_driver_version": host.cuda_driver_version,
+            "cuda_driver_version": host.cuda_version_number,
             "gpu_count": host.gpu_count,
             "device_name": host.gpu_name.replace(" ", "_"),
             "gpu_memory_gib": host.gpu_memory_gib,
@@ -137,7 +138,7 @@ class Facts:
         }
 
 
-def compute_facts(settings: Settings, scenario: Scenario) -> Facts:
+def compute_facts(settings: Settings, scenario: Scenario, launch: int = 0) -> Facts:
     host, model, timings = scenario.host, scenario.model, scenario.timings
     tp = settings.tensor_parallel_size
     element_bytes = float(load("defaults.toml")["kv_cache_dtype_bytes"][settings.kv_cache_dtype])
@@ -172,4 +173,5 @@ def compute_facts(settings: Settings, scenario: Scenario) -> Facts:
             "engine_init": timings.engine_init_eager if settings.enforce_eager else timings.engine_init,
             "api_listen": timings.api_listen,
         },
+        launch=launch,
     )

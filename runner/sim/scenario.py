@@ -1,13 +1,21 @@
-"""Fault scenarios: the simulated host and model, and the faults to inject (TOML, validated up front).
+"""Fault scenarios (TOML, a contract): the failing deployment, the simulated host, and the faults to inject.
 
-A scenario's [host], [model] and [timings] override runner/sim/data/defaults.toml key by key; the
-fields are documented in runner/sim/data/scenarios/healthy.toml. Faults carry an optional `when` table
-so that later triggers (host facts, requests, flakiness) are new keys there, not a new format.
+[deployment] is the deployment as the cluster runs it (the demo starts from it); [host] is what NVML and
+nvidia-smi report; each [[fault]] strikes in a phase with an effect, when all of its [fault.when] conditions
+hold, with a probability drawn from [host].seed and the launch number (so a flaky fault varies from attempt
+to attempt and the same run replays the same way). [model] and [timings] are vllm-sim's own extension: they
+override runner/sim/data/defaults.toml key by key. runner/sim/data/scenarios/healthy.toml documents every
+key; unknown keys are refused, and only [deployment].command is required.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+import operator
+import random
+import re
+import shlex
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
@@ -16,21 +24,60 @@ from typing import Any, TypeVar, get_args, get_type_hints
 
 from runner.sim.datafiles import load
 from runner.toml_reader import ConfigError, read_toml
-from runner.vllm_cli import LaunchCommandError, ServeCommand, flag_table
+from runner.vllm_cli import FlagSpec, LaunchCommandError, ServeCommand, flag_table, parse_launch_command
 
 PHASES = ("gpu_detect", "weight_load", "engine_init", "api_listen", "request")
 STARTUP_PHASES = PHASES[:-1]
+EFFECTS = ("crash", "hang", "error_response")
+REQUEST_CONDITIONS = ("prompt_tokens_min", "repeated_prefix", "tools", "concurrency_min")
+_MIB_PER_GIB = 1024
+_CATALOG_KEY = re.compile(r"[a-z0-9_]+")  # an error written like a catalog key is one (a typo is refused)
+_CONDITION = re.compile(r"\s*(>=|<=|!=|==|>|<)?\s*(.*?)\s*")
+_COMPARE: dict[str, Callable[[Any, Any], bool]] = {
+    ">=": operator.ge,
+    "<=": operator.le,
+    "!=": operator.ne,
+    "==": operator.eq,
+    ">": operator.gt,
+    "<": operator.lt,
+}
+
+
+@dataclass(frozen=True)
+class Deployment:
+    argv: tuple[str, ...]
+    image: str = ""
+    request: Mapping[str, Any] | None = None  # the fixed request's body; None: the cluster's own
+
+    @property
+    def api(self) -> str:
+        return "chat" if self.request is None or "messages" in self.request else "completions"
 
 
 @dataclass(frozen=True)
 class Host:
     driver_version: str
-    gpu_count: int
+    cuda_driver_version: str  # the driver's CUDA ceiling as nvidia-smi shows it: "13.0"
     gpu_name: str
-    gpu_memory_gib: float
-    foreign_memory_gib: float
-    cuda_driver_version: int
+    gpu_count: int
+    gpu_memory_mib: int
+    foreign_memory_mib: int  # held on every GPU by other processes when a launch starts
+    seed: int
     nccl_version: str
+
+    @property
+    def gpu_memory_gib(self) -> float:
+        return self.gpu_memory_mib / _MIB_PER_GIB
+
+    @property
+    def foreign_memory_gib(self) -> float:
+        return self.foreign_memory_mib / _MIB_PER_GIB
+
+    @property
+    def cuda_version_number(self) -> int:
+        """The CUDA version the way torch prints it in its errors: "12.4" -> 12040."""
+        major, minor = self.cuda_driver_version.split(".")
+        return int(major) * 1000 + int(minor) * 10
 
 
 @dataclass(frozen=True)
@@ -68,35 +115,71 @@ class Timings:
 
 
 @dataclass(frozen=True)
+class RequestView:
+    """What a request-phase condition can see of a request when the engine schedules it."""
+
+    prompt_tokens: int
+    repeated_prefix: bool  # its first KV block was the first block of an earlier request on this server
+    tools: bool
+    concurrency: int  # requests in the engine at that moment, this one included
+
+
+@dataclass(frozen=True)
 class When:
     """Conditions of a fault; all given ones must hold."""
 
-    flag: str | None = None
-    min_prompt_tokens: int | None = None
+    flags_present: tuple[str, ...] = ()
+    flags_absent: tuple[str, ...] = ()
+    flag_values: tuple[tuple[str, str], ...] = ()  # (flag, "[op]value"), op one of > >= < <= == != (default ==)
+    prompt_tokens_min: int | None = None
+    repeated_prefix: bool | None = None
+    tools: bool | None = None
+    concurrency_min: int | None = None
+    driver_below: str | None = None
+    foreign_memory: bool | None = None
 
-    def launch_matches(self, command: ServeCommand) -> bool:
-        if self.flag is None:
-            return True
-        spec, wanted = flag_table().resolve(self.flag)
-        given = command.value(spec.name)
-        return given is not None if spec.kind != "bool" else given is wanted
+    def launch_matches(self, command: ServeCommand, host: Host) -> bool:
+        return (
+            all(_present(command, flag) for flag in self.flags_present)
+            and not any(_present(command, flag) for flag in self.flags_absent)
+            and all(_value_holds(command, flag, condition) for flag, condition in self.flag_values)
+            and (self.driver_below is None or _version(host.driver_version) < _version(self.driver_below))
+            and (self.foreign_memory is None or (host.foreign_memory_mib > 0) == self.foreign_memory)
+        )
 
-    def request_matches(self, prompt_tokens: int) -> bool:
-        return self.min_prompt_tokens is None or prompt_tokens >= self.min_prompt_tokens
+    def request_matches(self, request: RequestView) -> bool:
+        return (
+            (self.prompt_tokens_min is None or request.prompt_tokens >= self.prompt_tokens_min)
+            and (self.repeated_prefix is None or request.repeated_prefix == self.repeated_prefix)
+            and (self.tools is None or request.tools == self.tools)
+            and (self.concurrency_min is None or request.concurrency >= self.concurrency_min)
+        )
 
 
 @dataclass(frozen=True)
 class Fault:
+    id: str
     phase: str
-    error: str
+    effect: str  # crash | hang | error_response
+    error: str  # a key of runner/sim/data/errors.toml, the text of the error, or "" for none
+    traceback: bool = True
+    probability: float = 1.0
     rank: int = 0
     when: When = field(default_factory=When)
+
+    def strikes(self, seed: int, launch: int, draw: int = 0) -> bool:
+        """Whether the fault strikes at this launch (and its `draw`-th matching request): reproducible."""
+        if self.probability >= 1.0:
+            return True
+        chance = random.Random(f"{seed}/{launch}/{self.id}/{draw}")
+        return chance.random() < self.probability
 
 
 @dataclass(frozen=True)
 class Scenario:
     source: str
     description: str
+    deployment: Deployment | None  # None only for the built-in defaults (no scenario file)
     host: Host
     model: Model
     timings: Timings
@@ -117,7 +200,7 @@ _T = TypeVar("_T")
 _POSITIVE = frozenset(
     {
         "gpu_count",
-        "gpu_memory_gib",
+        "gpu_memory_mib",
         "max_model_len",
         "kv_bytes_per_token",
         "num_shards",
@@ -125,7 +208,8 @@ _POSITIVE = frozenset(
         "prefill_tokens_per_s",
         "decode_tokens_per_s",
         "stats_interval",
-        "min_prompt_tokens",
+        "prompt_tokens_min",
+        "concurrency_min",
     }
 )
 
@@ -153,7 +237,7 @@ def load_scenario(path: str | None, error_phases: Mapping[str, str]) -> Scenario
     """The scenario at `path` (None: defaults, no faults); `error_phases` maps catalog keys to phases."""
     source = path or "(no scenario)"
     data = read_toml(Path(path)) if path else {}
-    unknown = set(data) - {"description", "host", "model", "timings", "fault"}
+    unknown = set(data) - {"description", "deployment", "host", "model", "timings", "fault"}
     if unknown:
         raise ConfigError(f"{source}: unknown key {sorted(unknown)[0]!r}")
     defaults = load("defaults.toml")
@@ -163,14 +247,54 @@ def load_scenario(path: str | None, error_phases: Mapping[str, str]) -> Scenario
     faults = data.get("fault", [])
     if not isinstance(faults, list):
         raise ConfigError(f"{source}: 'fault' must be an array of tables ([[fault]])")
+    host = _section(Host, defaults["host"], data.get("host", {}), f"{source}: [host]")
+    _check_host(host, f"{source}: [host]")
+    parsed = tuple(_fault(raw, index, error_phases, f"{source}: fault[{index}]") for index, raw in enumerate(faults))
+    ids = [fault.id for fault in parsed]
+    if len(set(ids)) < len(ids):
+        raise ConfigError(f"{source}: fault id {next(i for i in ids if ids.count(i) > 1)!r} is used twice")
     return Scenario(
         source=source,
         description=description,
-        host=_section(Host, defaults["host"], data.get("host", {}), f"{source}: [host]"),
+        deployment=_deployment(data.get("deployment"), f"{source}: [deployment]") if path else None,
+        host=host,
         model=_section(Model, defaults["model"], data.get("model", {}), f"{source}: [model]"),
         timings=_section(Timings, defaults["timings"], data.get("timings", {}), f"{source}: [timings]"),
-        faults=tuple(_fault(raw, error_phases, f"{source}: fault[{index}]") for index, raw in enumerate(faults)),
+        faults=parsed,
     )
+
+
+def _deployment(raw: Any, where: str) -> Deployment:
+    if not isinstance(raw, dict) or "command" not in raw:
+        raise ConfigError(f"{where}: missing key 'command' (the vllm serve command line the deployment runs)")
+    unknown = set(raw) - {"command", "image", "request"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r}")
+    command = raw["command"]
+    if isinstance(command, str):
+        argv = shlex.split(command)
+    elif isinstance(command, list) and all(isinstance(token, str) for token in command):
+        argv = list(command)
+    else:
+        raise ConfigError(f"{where}: 'command' must be the vllm serve command, as a string or a list")
+    try:
+        parse_launch_command(argv)
+    except LaunchCommandError as exc:
+        raise ConfigError(f"{where}: 'command': {exc}") from None
+    image = raw.get("image", "")
+    if not isinstance(image, str):
+        raise ConfigError(f"{where}: 'image' must be a string")
+    request = raw.get("request")
+    if request is not None and (not isinstance(request, dict) or not ({"messages", "prompt"} & set(request))):
+        raise ConfigError(f"{where}: 'request' must be a request body with messages (chat) or prompt (completions)")
+    return Deployment(argv=tuple(argv), image=image, request=json.loads(json.dumps(request)) if request else None)
+
+
+def _check_host(host: Host, where: str) -> None:
+    if not re.fullmatch(r"\d+\.\d+", host.cuda_driver_version):
+        raise ConfigError(f"{where}: 'cuda_driver_version' must read like \"13.0\", got {host.cuda_driver_version!r}")
+    if not re.fullmatch(r"\d+(\.\d+)*", host.driver_version):
+        raise ConfigError(f"{where}: 'driver_version' must read like \"580.65.06\", got {host.driver_version!r}")
 
 
 def _section(cls: type[_T], defaults: Mapping[str, Any], overrides: Any, where: str) -> _T:
@@ -206,36 +330,113 @@ def _typed(value: Any, kind: Any, where: str) -> Any:
         return value
     if kind == tuple[str, ...] and isinstance(value, list) and all(isinstance(v, str) for v in value):
         return tuple(value)
+    if (
+        kind == tuple[tuple[str, str], ...]
+        and isinstance(value, dict)
+        and all(isinstance(v, str) for v in value.values())
+    ):
+        return tuple(value.items())
     names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-    raise ConfigError(f"{where} must be {names.get(kind, 'a list of strings')}, got {value!r}")
+    expected = names.get(kind, "a table of strings" if kind == tuple[tuple[str, str], ...] else "a list of strings")
+    raise ConfigError(f"{where} must be {expected}, got {value!r}")
 
 
-def _fault(raw: Any, error_phases: Mapping[str, str], where: str) -> Fault:
+def _fault(raw: Any, index: int, error_phases: Mapping[str, str], where: str) -> Fault:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be a table")
-    unknown = set(raw) - {"phase", "error", "rank", "when"}
+    unknown = set(raw) - {"id", "phase", "effect", "error", "traceback", "probability", "rank", "when"}
     if unknown:
         raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r}")
-    phase, error = raw.get("phase"), raw.get("error")
+    fault_id = _typed(raw.get("id", f"fault-{index}"), str, f"{where}: 'id'")
+    error = _typed(raw.get("error", ""), str, f"{where}: 'error'")
+    if _CATALOG_KEY.fullmatch(error) and error not in error_phases:
+        raise ConfigError(
+            f"{where}: unknown error {error!r} (known: {', '.join(sorted(error_phases))}; or the error's text)"
+        )
+    phase = raw.get("phase", error_phases.get(error, "request"))
     if not isinstance(phase, str) or phase not in PHASES:
         raise ConfigError(f"{where}: phase must be one of {', '.join(PHASES)}, got {phase!r}")
-    if not isinstance(error, str) or error not in error_phases:
-        raise ConfigError(f"{where}: unknown error {error!r} (known: {', '.join(sorted(error_phases))})")
-    if error_phases[error] != phase:
+    if error in error_phases and error_phases[error] != phase:
         raise ConfigError(f"{where}: error {error!r} happens in phase {error_phases[error]}, not {phase}")
+    effect = raw.get("effect", "crash")
+    if effect not in EFFECTS:
+        raise ConfigError(f"{where}: effect must be one of {', '.join(EFFECTS)}, got {effect!r}")
+    if effect == "error_response" and phase != "request":
+        raise ConfigError(f"{where}: effect error_response only applies to phase request")
+    probability = _typed(raw.get("probability", 1.0), float, f"{where}: 'probability'")
+    if not 0.0 <= probability <= 1.0:
+        raise ConfigError(f"{where}: 'probability' must be between 0 and 1, got {probability}")
     rank = _typed(raw.get("rank", 0), int, f"{where}: 'rank'")
     if rank < 0:
         raise ConfigError(f"{where}: 'rank' must be non-negative, got {rank}")
-    return Fault(phase=phase, error=error, rank=rank, when=_when(raw.get("when", {}), phase, where))
+    return Fault(
+        id=fault_id,
+        phase=phase,
+        effect=effect,
+        error=error,
+        traceback=_typed(raw.get("traceback", True), bool, f"{where}: 'traceback'"),
+        probability=probability,
+        rank=rank,
+        when=_when(raw.get("when", {}), phase, f"{where}: [when]"),
+    )
 
 
 def _when(raw: Any, phase: str, where: str) -> When:
-    when = _section(When, {}, raw, f"{where}: [when]") if raw else When()
-    if when.flag is not None:
-        try:
-            flag_table().resolve(when.flag)
-        except (KeyError, LaunchCommandError):
-            raise ConfigError(f"{where}: [when] flag {when.flag!r} is not a vllm serve flag") from None
-    if when.min_prompt_tokens is not None and phase != "request":
-        raise ConfigError(f"{where}: [when] min_prompt_tokens only applies to phase request")
+    when = _section(When, {}, raw, where) if raw else When()
+    for flag in (*when.flags_present, *when.flags_absent, *(flag for flag, _ in when.flag_values)):
+        _flag_spec(flag, where)
+    for flag, condition in when.flag_values:
+        if _flag_spec(flag, where).kind == "bool":
+            raise ConfigError(f"{where}: flag_values: {flag} takes no value (use flags_present / flags_absent)")
+        op, operand = _split_condition(condition)
+        if op not in ("==", "!=") and _number(operand) is None:
+            raise ConfigError(f"{where}: flag_values: {flag} = {condition!r} compares with {op}: give a number")
+    if when.driver_below is not None and not re.fullmatch(r"\d+(\.\d+)*", when.driver_below):
+        raise ConfigError(f"{where}: 'driver_below' must be a driver version like \"580\", got {when.driver_below!r}")
+    request_only = [key for key in REQUEST_CONDITIONS if getattr(when, key) is not None]
+    if request_only and phase != "request":
+        raise ConfigError(f"{where}: {request_only[0]} only applies to phase request")
     return when
+
+
+def _flag_spec(flag: str, where: str) -> FlagSpec:
+    try:
+        return flag_table().resolve(flag)[0]
+    except (KeyError, LaunchCommandError):
+        raise ConfigError(f"{where}: {flag!r} is not a vllm serve flag") from None
+
+
+def _present(command: ServeCommand, flag: str) -> bool:
+    """The launch gives the flag (a --no-/--disable- spelling: gives it switched off)."""
+    spec, wanted = flag_table().resolve(flag)
+    given = command.value(spec.name)
+    return given is not None if spec.kind != "bool" else given is wanted
+
+
+def _value_holds(command: ServeCommand, flag: str, condition: str) -> bool:
+    """The flag's value satisfies the condition; a flag the launch does not give satisfies none."""
+    given = command.value(flag_table().resolve(flag)[0].name)
+    if not isinstance(given, str):
+        return False
+    op, operand = _split_condition(condition)
+    left, right = _number(given), _number(operand)
+    if left is not None and right is not None:
+        return _COMPARE[op](left, right)
+    return _COMPARE[op](given, operand) if op in ("==", "!=") else False
+
+
+def _split_condition(condition: str) -> tuple[str, str]:
+    match = _CONDITION.fullmatch(condition)
+    assert match is not None  # every string matches: the operator is optional
+    return match.group(1) or "==", match.group(2)
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))

@@ -20,7 +20,7 @@ from aiohttp.abc import AbstractAccessLogger
 
 from runner.sim.catalog import Catalog
 from runner.sim.datafiles import load
-from runner.sim.engine import Engine, EngineDeadError, Generation
+from runner.sim.engine import Engine, EngineDeadError, FaultResponseError, Generation
 from runner.sim.facts import VERSION, Facts
 from runner.sim.logwriter import LogWriter, Procs
 from runner.sim.metrics import CONTENT_TYPE, Metrics
@@ -161,6 +161,8 @@ class ApiServer:
             tokens = [token async for token in self._engine.run(generation)]
         except EngineDeadError:
             return self._error("engine_dead")
+        except FaultResponseError as fault:
+            return self._error("fault_response", message=str(fault))
         text = detokenize(tokens)
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": generation.finish_reason}
         if chat:
@@ -220,7 +222,7 @@ class ApiServer:
             raise BadRequestError(
                 "max_tokens_too_large", max_tokens=max_tokens, max_model_len=limit, prompt_tokens=len(prompt)
             )
-        return body, self._engine.plan(prompt, max_tokens)
+        return body, self._engine.plan(prompt, max_tokens, tools=bool(body.get("tools")))
 
     def _chat_prompt(self, body: dict[str, Any]) -> list[str]:
         messages = body.get("messages")
@@ -277,6 +279,9 @@ class ApiServer:
                 await send({**head, "choices": [], "usage": _usage(generation)})
         except EngineDeadError:
             _, error = self._catalog.http_body("engine_dead")
+            await send(error)
+        except FaultResponseError as fault:
+            _, error = self._catalog.http_body("fault_response", message=str(fault))
             await send(error)
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()

@@ -19,7 +19,7 @@ from runner.sim.clock import SimClock
 from runner.sim.datafiles import load
 from runner.sim.engine import Engine
 from runner.sim.facts import Facts
-from runner.sim.failure import write_failure
+from runner.sim.failure import hang, write_failure
 from runner.sim.logwriter import LogWriter, Procs
 from runner.sim.server import ApiServer
 from runner.sim.startup import Startup
@@ -69,7 +69,11 @@ class Simulator:
         failure = await startup.run()
         if failure is not None:
             values = {**self._facts.values(), **failure.values}
-            blocks = catalog().blocks(failure.error, failure.rank, self._facts.multiproc, values)
+            multiproc = self._facts.multiproc
+            if failure.effect == "hang":  # stuck where the error would strike; only an error given as text shows
+                shown = [] if failure.spec.key else catalog().blocks(failure.spec, failure.rank, multiproc, values)
+                await hang(shown, self._log, self._procs)
+            blocks = catalog().blocks(failure.spec, failure.rank, multiproc, values, traceback=failure.traceback)
             await write_failure(blocks, self._log, self._procs, self._clock)
             return 1
         stats = None if self._facts.settings.disable_log_stats else asyncio.create_task(self._engine.log_stats())

@@ -10,12 +10,12 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
 
 from runner.sim import bars
-from runner.sim.catalog import Catalog
+from runner.sim.catalog import Catalog, ErrorSpec
 from runner.sim.clock import SimClock
 from runner.sim.datafiles import load
 from runner.sim.facts import Facts
@@ -46,35 +46,47 @@ def script() -> tuple[ScriptLine, ...]:
 
 @dataclass(frozen=True)
 class Failure:
-    """The error that ends the start-up, the TP rank it strikes and what its text needs besides the facts."""
+    """What ends the start-up: an error (or a hang) on a TP rank, and what its text needs besides the facts."""
 
-    error: str
+    spec: ErrorSpec
     rank: int = 0
     values: Mapping[str, object] = field(default_factory=dict)
+    effect: str = "crash"  # crash | hang
+    traceback: bool = True
 
 
 def planned_failure(facts: Facts, catalog: Catalog) -> Failure | None:
     """The start-up failure that strikes first; at the same point, the scenario's before natural ones.
 
-    Decided before the first line, because every trigger (flags, host, model) is known at launch.
+    Decided before the first line, because every trigger (flags, host, model, the launch's draw) is known
+    at launch.
     """
     conditions = facts.conditions()
     lines = [line for line in script() if line.only <= conditions]
 
-    def when(error: str) -> float:
+    def when(spec: ErrorSpec) -> float:
         """Where in the log the error strikes: before its `at` line, else at the end of its phase."""
-        spec = catalog.errors[error]
         at = [i for i, line in enumerate(lines) if line.id == spec.at]
         return at[0] if at else max(i for i, line in enumerate(lines) if line.phase == spec.phase) + 0.5
 
-    candidates = [
-        (when(fault.error), False, Failure(fault.error, fault.rank))
+    def midway(spec: ErrorSpec) -> ErrorSpec:
+        """An error given as text strikes halfway through its phase (at its end when the phase is one line)."""
+        ids = [line.id for line in lines if line.phase == spec.phase]
+        return spec if spec.at or (len(ids) + 1) // 2 >= len(ids) else replace(spec, at=ids[(len(ids) + 1) // 2])
+
+    host, command = facts.scenario.host, facts.settings.command
+    faults = [
+        Failure(
+            midway(catalog.spec(fault.error, fault.phase)), fault.rank, effect=fault.effect, traceback=fault.traceback
+        )
         for fault in facts.scenario.faults
         if fault.phase in STARTUP_PHASES
-        and catalog.errors[fault.error].only <= conditions
-        and fault.when.launch_matches(facts.settings.command)
+        and catalog.spec(fault.error, fault.phase).only <= conditions
+        and fault.when.launch_matches(command, host)
+        and fault.strikes(host.seed, facts.launch)
     ]
-    candidates += [(when(error), True, Failure(error)) for error in facts.natural_errors()]
+    candidates = [(when(f.spec), False, f) for f in faults]
+    candidates += [(when(catalog.errors[e]), True, Failure(catalog.errors[e])) for e in facts.natural_errors()]
     return min(candidates, key=lambda c: c[:2])[2] if candidates else None  # stable: file order within a tie
 
 
@@ -101,7 +113,7 @@ class Startup:
     async def run(self) -> Failure | None:
         """Writes the start-up log; returns the failure that stopped it, None once the API is up."""
         failure = planned_failure(self._facts, self._catalog)
-        stop_at = self._catalog.errors[failure.error] if failure else None
+        stop_at = failure.spec if failure else None
         conditions = self._facts.conditions()
         for phase in STARTUP_PHASES:
             start, duration = self._clock.elapsed(), self._facts.phase_seconds[phase]
@@ -131,7 +143,9 @@ class Startup:
             except OSError as exc:
                 code = exc.errno or errno.EADDRINUSE
                 text = exc.strerror or os.strerror(code)
-                return Failure("address_in_use", values={"bind_errno": code, "bind_strerror": text})
+                return Failure(
+                    self._catalog.errors["address_in_use"], values={"bind_errno": code, "bind_strerror": text}
+                )
             return None
         if line.kind == "listen":
             await self._listen()
