@@ -1,33 +1,33 @@
 """Launches and simulated GPU-minutes to a verdict, for every shipped scenario, against a naive plan.
 
-The naive plan is the same method without reuse: every ladder step that was tested relaunches the engine,
-and each step is launched on its own. Both counts come from the same run (the naive figure is derived from
-what the run tested). Cost model: one full load of a 1T-parameter model takes LOAD_MINUTES on the node.
+Each scenario runs the way `k3repro demo --scenario NAME --json` runs it (its [deployment] on the sim
+backend). The naive plan is the same method without reuse: every ladder step that was tested relaunches
+the engine, and each step is launched on its own. Both counts come from the same run (the naive figure is
+derived from what the run tested). Cost model: one full load of a 1T-parameter model takes LOAD_MINUTES
+on the node's GPUS GPUs.
 Run: `.venv/bin/python bench/bench_method.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import tempfile
 from pathlib import Path
 
-from bot.report import run_report
-from runner.sim.scenario import builtin_scenarios
-from runner.tls import write_dev_certs
-from tests.k3fixtures import run_to_end, runner_data
+from bot.commands.demo import demo
+from runner.sim.scenario import builtin_scenarios, scenario_path
 
 LOAD_MINUTES = 15
 GPUS = 8
+SPEED = 800
 
 
 async def measure(scenario: str, workdir: Path) -> tuple[int, int, str]:
-    certs = write_dev_certs(workdir / "certs")
-    events = await run_to_end(certs, workdir, runner_data(certs, workdir / "runner", scenario=scenario, speed=800))
-    report = run_report("bench", events)
+    report = await demo(workdir, scenario_path(scenario), SPEED, logs=False, out=io.StringIO())
     tested = [step for step in report["ladder"] if step["outcome"] != "not_applicable"]
     repeats = report["launches"] - 1 - sum(step["relaunched"] for step in report["ladder"])
-    naive = 1 + len(tested) + max(repeats, 0)
+    naive = 1 + len(tested) + max(repeats, 0)  # without the baseline check, a naive plan launches at least once
     return report["launches"], naive, report["decision"] or "-"
 
 

@@ -19,9 +19,13 @@ from bot.report import run_report
 from bot.store import Store
 from runner.config import parse_runner_config
 from runner.daemon import RunnerDaemon
-from runner.sim.scenario import scenario_path
+from runner.sim.catalog import catalog
+from runner.sim.scenario import load_scenario, scenario_path
 from runner.tls import write_dev_certs
 from runner.toml_reader import ConfigError, read_toml
+
+SIMULATED_SECONDS = ("ready_timeout_s", "stall_timeout_s", "request_timeout_s")  # demo.toml gives them simulated
+MIN_WAIT_S = 3.0  # a loaded machine's scheduling jitter must not look like a hang
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,7 +33,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument(
         "--scenario",
         default="demo",
-        help="the simulated host: a built-in scenario name or a scenario file (default: demo)",
+        help="a built-in scenario name or a scenario file: the deployment, the simulated host, the faults "
+        "(default: demo)",
     )
     parser.add_argument("--speed", type=float, help="sim speed factor (default from the demo config)")
     parser.add_argument("--logs", action="store_true", help="also print the engine's log")
@@ -51,15 +56,33 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def demo(workdir: Path, scenario: Path, speed: float | None, logs: bool, out: TextIO) -> dict[str, Any]:
+    """Runs the whole method on the scenario's deployment; returns the run report."""
+    try:
+        deployment = load_scenario(str(scenario), catalog().phases()).deployment
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from None
+    assert deployment is not None  # a scenario file always has one
     data = read_toml(Path(str(resources.files("bot.data").joinpath("demo.toml"))))
     certs = write_dev_certs(workdir / "certs")
     runner_data = data["runner"]
     runner_data["listen"] = "127.0.0.1:0"
     runner_data["state_dir"] = str(workdir / "runner-state")
     runner_data["tls"] = {"cert": str(certs.runner_cert), "key": str(certs.runner_key), "client_ca": str(certs.ca)}
-    runner_data["engine"]["sim"]["scenario"] = str(scenario)
-    if speed is not None:
-        runner_data["engine"]["sim"]["speed"] = speed
+    engine = runner_data["engine"]
+    engine["sim"]["scenario"] = str(scenario)
+    engine["sim"]["speed"] = speed = engine["sim"]["speed"] if speed is None else speed
+    # The runner counts wall-clock seconds and the simulator runs `speed` times faster; a hang still needs
+    # MIN_WAIT_S of silence, and the other waits keep their proportion to it.
+    divisor = min(speed, engine["stall_timeout_s"] / MIN_WAIT_S)
+    for key in SIMULATED_SECONDS:
+        engine[key] = max(MIN_WAIT_S, engine[key] / divisor)
+    cluster = data["clusters"]["cluster-a"]
+    cluster["launch"] = list(deployment.argv)
+    if deployment.image:
+        cluster["image"] = deployment.image
+        runner_data["allowed_images"].append(deployment.image)  # the deployment's own image, as its cluster allows
+    if deployment.request is not None:
+        cluster["request"]["api"], cluster["request"]["body"] = deployment.api, dict(deployment.request)
     daemon = RunnerDaemon(parse_runner_config(runner_data, base=workdir, origin="demo runner"))
     port = await daemon.start()
     try:

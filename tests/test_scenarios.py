@@ -1,0 +1,125 @@
+"""Every shipped vllm-sim scenario, run through the whole method the way `k3repro demo --scenario` runs it
+(the scenario's [deployment] as the cluster's): the decision, the ladder step that triggers the failure and
+the first error each one must produce."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.commands.common import CommandError
+from bot.commands.demo import demo
+from runner.sim.scenario import builtin_scenarios, scenario_path
+
+SPEED = 800
+
+
+@dataclass(frozen=True)
+class Expected:
+    decision: str
+    trigger_step: str | None
+    first_error: tuple[str, str, str] | None  # phase, category, a piece of the first error's line
+    secondary_oom: bool = False
+    launches: int | None = None
+
+
+EXPECTED = {
+    "concurrency-oom": Expected("continue", "concurrency", ("request", "oom", "torch.OutOfMemoryError: CUDA out of")),
+    "cudagraph-capture": Expected("continue", None, ("engine_init", "oom", "CUDA out of memory"), launches=3),
+    "demo": Expected("continue", None, ("gpu_detect", "nccl_comm", "NCCL error: unhandled system error")),
+    "flaky-phases": Expected("isolate", None, ("weight_load", "driver_cuda_init", "uncorrectable ECC error")),
+    "healthy": Expected("continue", None, None),
+    "kv-capacity": Expected("continue", "max_model_len", ("engine_init", "kv_cache_capacity", "KV cache is needed")),
+    "leftover-process": Expected("continue", None, ("gpu_detect", "oom", "Free memory on device"), secondary_oom=True),
+    "nccl-init-hang": Expected("continue", None, ("gpu_detect", "nccl_comm", "hang: no progress in gpu_detect")),
+    "old-driver": Expected("continue", None, None, launches=0),  # the baseline stops it before any launch
+    "prefix-cache-crash": Expected(
+        "continue", "prefix_caching", ("request", "request_error", "an illegal memory access was encountered")
+    ),
+}
+
+
+_RUNS: dict[str, tuple[dict[str, Any], str]] = {}  # one run per shipped scenario, shared by the tests below
+
+
+async def _report(tmp_path: Path, scenario: Path) -> tuple[dict[str, Any], str]:
+    out = io.StringIO()
+    report = await demo(tmp_path, scenario, SPEED, logs=False, out=out)
+    return report, out.getvalue()
+
+
+async def _shipped(name: str, tmp_path: Path) -> tuple[dict[str, Any], str]:
+    if name not in _RUNS:
+        _RUNS[name] = await _report(tmp_path, scenario_path(name))
+    return _RUNS[name]
+
+
+def test_every_shipped_scenario_has_expectations() -> None:
+    assert sorted(EXPECTED) == builtin_scenarios()
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+async def test_shipped_scenario_reaches_its_verdict(tmp_path: Path, name: str) -> None:
+    expected = EXPECTED[name]
+    report, printed = await _shipped(name, tmp_path)
+    assert (report["decision"], report["trigger_step"]) == (expected.decision, expected.trigger_step), printed[-3000:]
+    first = report["first_error"]
+    if expected.first_error is None:
+        assert first is None
+    else:
+        phase, category, piece = expected.first_error
+        assert (first["phase"], first["category"]) == (phase, category), first
+        assert piece in first["line"] and first["signature"].startswith(f"{phase}:{category}:")
+        assert first["secondary_oom"] is expected.secondary_oom
+    if expected.launches is not None:
+        assert report["launches"] == expected.launches
+    assert report["candidates"] == []
+
+
+async def test_the_demo_launches_the_scenarios_deployment(tmp_path: Path) -> None:
+    report, printed = await _shipped("concurrency-oom", tmp_path)
+    # only concurrency-oom's deployment has concurrency flags: the step relaunches to restore them
+    assert {"step": "concurrency", "outcome": "oom", "relaunched": True} in report["ladder"]
+    assert "image vllm/vllm-openai:kimi-k3" in printed
+
+
+async def test_flaky_phases_is_isolated_for_its_moving_failure(tmp_path: Path) -> None:
+    report, printed = await _shipped("flaky-phases", tmp_path)
+    assert "the same command fails at different phases from attempt to attempt: weight_load, engine_init" in printed
+    assert report["checklist"]["failure_repeated"] is False
+
+
+async def test_a_hang_is_cut_short_and_reported_as_the_finding(tmp_path: Path) -> None:
+    report, printed = await _shipped("nccl-init-hang", tmp_path)
+    assert report["launches"] == 2 and report["checklist"]["failure_repeated"] is True  # the hang, and its repeat
+    assert "NCCL_DEBUG=INFO" in printed  # the hang's hint
+    assert report["checklist"]["first_error_saved"] is True
+
+
+async def test_any_scenario_file_runs_from_its_deployment(tmp_path: Path) -> None:
+    scenario = tmp_path / "tools.toml"
+    scenario.write_text(
+        "[deployment]\n"
+        'command = "vllm serve moonshotai/Kimi-K3 -tp 8 --trust-remote-code --max-model-len 262144 '
+        '--enable-auto-tool-choice --tool-call-parser kimi_k2"\n'
+        'image = "registry.example.com/vllm:k3-tools"\n'
+        'request = { max_tokens = 16, messages = [{ role = "user", content = "Say hello." }] }\n'
+        '[[fault]]\neffect = "error_response"\nerror = "ValueError: kimi_k2 tool parser: unexpected token"\n'
+        'when = { flags_present = ["--enable-auto-tool-choice"], tools = true }\n'
+    )
+    report, printed = await _report(tmp_path / "run", scenario)
+    assert report["trigger_step"] == "tools_structured_output"
+    assert report["first_error"]["line"].endswith("ValueError: kimi_k2 tool parser: unexpected token")
+    assert "image registry.example.com/vllm:k3-tools" in printed and "(max_tokens 16)" in printed
+
+
+async def test_a_broken_scenario_file_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
+    scenario = tmp_path / "broken.toml"
+    scenario.write_text('[deployment]\ncommand = "vllm serve m --turbo"\n')
+    with pytest.raises(CommandError, match=r"broken.toml: \[deployment\]: 'command': unrecognized arguments: --turbo"):
+        await _report(tmp_path / "run", scenario)
+    assert not (tmp_path / "run" / "runner-state").exists()
