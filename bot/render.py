@@ -88,7 +88,18 @@ def _request(m: pb.RequestResult, _: bool) -> list[str]:
         f"finish {m.finish_reason or '-'}, {m.prompt_tokens} prompt / {m.completion_tokens} completion tokens "
         f"(max_tokens {m.max_tokens}), {m.latency_s:.2f} s"
     )
-    return [f"  request #{m.attempt}: {answer}, {detail}" + (f" — {m.error}" if m.error else "")]
+    line = f"  request #{m.attempt}: {answer}, {detail}{request_notes(m)}" + (f" — {m.error}" if m.error else "")
+    return [line, *(f"             warning: {w}" for w in m.warnings)]
+
+
+def request_notes(m: pb.RequestResult) -> str:
+    """What a request result adds besides the answer: GPU memory around it and the warnings logged meanwhile."""
+    notes = ""
+    if m.gpu_memory_before_mib or m.gpu_memory_after_mib:
+        notes += f" · GPU memory {m.gpu_memory_before_mib:,} → {m.gpu_memory_after_mib:,} MiB"
+    if m.warnings:
+        notes += f" · {len(m.warnings)} warning(s)"
+    return notes
 
 
 def _artifact(m: pb.Artifact, _: bool) -> list[str]:

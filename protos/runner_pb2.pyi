@@ -378,7 +378,7 @@ class LogChunk(_message.Message):
     def __init__(self, source: _Optional[str] = ..., lines: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RequestResult(_message.Message):
-    __slots__ = ("attempt", "http_status", "finish_reason", "prompt_tokens", "completion_tokens", "max_tokens", "latency_s", "error")
+    __slots__ = ("attempt", "http_status", "finish_reason", "prompt_tokens", "completion_tokens", "max_tokens", "latency_s", "error", "gpu_memory_before_mib", "gpu_memory_after_mib", "warnings")
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     HTTP_STATUS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -387,6 +387,9 @@ class RequestResult(_message.Message):
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LATENCY_S_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_BEFORE_MIB_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_AFTER_MIB_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
     attempt: int
     http_status: int
     finish_reason: str
@@ -395,7 +398,10 @@ class RequestResult(_message.Message):
     max_tokens: int
     latency_s: float
     error: str
-    def __init__(self, attempt: _Optional[int] = ..., http_status: _Optional[int] = ..., finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., latency_s: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
+    gpu_memory_before_mib: int
+    gpu_memory_after_mib: int
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, attempt: _Optional[int] = ..., http_status: _Optional[int] = ..., finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., latency_s: _Optional[float] = ..., error: _Optional[str] = ..., gpu_memory_before_mib: _Optional[int] = ..., gpu_memory_after_mib: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Artifact(_message.Message):
     __slots__ = ("name", "media_type", "content")

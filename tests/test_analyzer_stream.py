@@ -124,7 +124,10 @@ def test_a_hang_is_a_finding_categorized_by_its_last_line() -> None:
     analyzer.feed("(Worker_TP3 pid=9) INFO 05-12 02:46:32 [pynccl.py:111] vLLM is using nccl==2.28.3", at=2.0)
     nccl = analyzer.hang_finding(Stall("gpu_detect", 301.0, "(Worker_TP3 pid=9) vLLM is using nccl==2.28.3"))
     assert (nccl.phase, nccl.category, nccl.during) == ("gpu_detect", "nccl_comm", "hang")
-    assert nccl.line == "hang: no progress in gpu_detect for 301 s; last line: (Worker_TP3 pid=9) vLLM is using nccl==2.28.3"
+    assert (
+        nccl.line
+        == "hang: no progress in gpu_detect for 301 s; last line: (Worker_TP3 pid=9) vLLM is using nccl==2.28.3"
+    )
     assert "NCCL_DEBUG=INFO" in nccl.hint and not nccl.secondary_oom
     shards = analyzer.hang_finding(Stall("weight_load", 400.0, "Loading safetensors checkpoint shards:  50% Completed"))
     assert (shards.phase, shards.category) == ("weight_load", "weight_load")  # nothing named: the phase's category

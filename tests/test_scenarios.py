@@ -117,6 +117,26 @@ async def test_any_scenario_file_runs_from_its_deployment(tmp_path: Path) -> Non
     assert "image registry.example.com/vllm:k3-tools" in printed and "(max_tokens 16)" in printed
 
 
+async def test_each_request_records_gpu_memory_and_the_warnings_logged_meanwhile(tmp_path: Path) -> None:
+    scenario = tmp_path / "guided.toml"
+    scenario.write_text(
+        '[deployment]\ncommand = "vllm serve org/model -tp 2 --gpu-memory-utilization 0.5"\n'
+        'request = { max_tokens = 8, guided_json = { type = "object" }, messages = [{ role = "user", content = "hi" }] }\n'
+        "[host]\ngpu_count = 4\ngpu_memory_mib = 81920\n"
+    )
+    _, printed = await _report(tmp_path / "run", scenario)
+    requests = [line for line in printed.split("\n") if "request #" in line]
+    # what the engine reserves up front on two of the four GPUs: vLLM's default 0.92 in the minimal launch, the
+    # deployment's 0.5 once the max_model_len step has restored --gpu-memory-utilization
+    assert all("GPU memory 150,732 → 150,732 MiB" in line for line in requests[:3]), requests
+    assert "GPU memory 81,920 → 81,920 MiB" in requests[-1], requests
+    assert "· 1 warning(s)" in requests[0] and "warning(s)" not in requests[1]  # vLLM warns once per server
+    warnings = [line for line in printed.split("\n") if line.strip().startswith("warning: ")]
+    assert warnings and all(
+        " WARNING " in w and "removed guided-decoding field(s) ['guided_json']" in w for w in warnings
+    )
+
+
 async def test_a_broken_scenario_file_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
     scenario = tmp_path / "broken.toml"
     scenario.write_text('[deployment]\ncommand = "vllm serve m --turbo"\n')

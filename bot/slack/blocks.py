@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from bot.render import request_notes
 from bot.slack.view import RunView
 from protos import runner_pb2 as pb
 from protos.vocab import CHECKLIST_IDS, to_id
@@ -227,7 +228,7 @@ def _request_line(r: pb.RequestResult) -> str:
     answer = f"HTTP {r.http_status}" if r.http_status else "no answer"
     return (
         f"#{r.attempt} {answer} · finish {r.finish_reason or '-'} · {r.prompt_tokens} → {r.completion_tokens} "
-        f"tokens (max {r.max_tokens}) · {r.latency_s:.2f} s" + (f" · {r.error}" if r.error else "")
+        f"tokens (max {r.max_tokens}) · {r.latency_s:.2f} s{request_notes(r)}" + (f" · {r.error}" if r.error else "")
     )
 
 

@@ -142,6 +142,7 @@ class StreamAnalyzer:
         self._closed = False
         self._last_progress_at = time.monotonic() if started_at is None else started_at
         self._last_line = ""
+        self.last_level: str | None = None  # the log level of the line fed last (None: no log header)
         self._saw_idle = False
         self._rule_gate = self.rules.rule_gate
         self._rule_list = self.rules.rules
@@ -280,6 +281,7 @@ class StreamAnalyzer:
         if not self._saw_idle:
             self._last_progress_at = time.monotonic() if at is None else at
         self._last_line = ll.display
+        self.last_level = ll.level
         if self._open:
             self._expire()
         if self._first_error is None and self._best is not None:

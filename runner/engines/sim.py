@@ -5,23 +5,37 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from dataclasses import dataclass
 
-from runner.engines.process import ProcessBackend
+from runner.engines.process import ProcessBackend, ProcessEngine
 from runner.fingerprint import PythonTarget
 from runner.nvml import GpuInfo, GpuProcess, NvmlView
 from runner.sim.catalog import catalog
+from runner.sim.cli import parse_settings
 from runner.sim.scenario import load_scenario
+from runner.sim.settings import UsageError
 from runner.toml_reader import ConfigError
 from runner.vllm_cli import split_program
 
 FOREIGN_PID = 4242  # the simulated leftover process holding memory on every GPU
 
 
+@dataclass(frozen=True)
+class SimEngine:
+    """A launched simulator and what it holds on the GPUs while it lives (vLLM reserves its share up front)."""
+
+    engine: ProcessEngine
+    gpus: int  # --tensor-parallel-size
+    utilization: float  # --gpu-memory-utilization
+
+
 class ScenarioNvml:
-    """NVML as the simulated host would answer it: the scenario's [host] facts."""
+    """NVML as the simulated host would answer it: the scenario's [host] facts, plus what the simulators this
+    backend launched hold while they live."""
 
     def __init__(self, scenario: str) -> None:
         self.scenario = scenario
+        self.engines: list[SimEngine] = []
 
     def read(self) -> NvmlView:
         try:
@@ -29,17 +43,24 @@ class ScenarioNvml:
         except ConfigError as exc:
             return NvmlView(available=False, error=f"NVML init failed: {exc}")
         foreign = host.foreign_memory_mib
+        self.engines = [e for e in self.engines if e.engine.returncode is None]
+        held = [
+            GpuProcess(e.engine.pid, index, int(host.gpu_memory_mib * e.utilization), "python3")
+            for e in self.engines
+            for index in range(min(e.gpus, host.gpu_count))
+        ]
         gpus = tuple(
             GpuInfo(
                 index=index,
                 name=host.gpu_name,
                 uuid=f"GPU-{index:08x}-0000-4000-8000-000000000000",
                 memory_total_mib=host.gpu_memory_mib,
-                memory_used_mib=foreign,
+                memory_used_mib=foreign + sum(p.used_memory_mib for p in held if p.gpu_index == index),
             )
             for index in range(host.gpu_count)
         )
-        processes = tuple(GpuProcess(FOREIGN_PID, gpu.index, foreign, "python3") for gpu in gpus if foreign)
+        foreign_processes = [GpuProcess(FOREIGN_PID, gpu.index, foreign, "python3") for gpu in gpus if foreign]
+        processes = (*foreign_processes, *held)
         return NvmlView(
             available=True,
             driver_version=host.driver_version,
@@ -56,7 +77,17 @@ class SimBackend(ProcessBackend):
         self.scenario = scenario  # a resolved path (runner.toml's loader resolves names), or "" for healthy
         self.speed = speed
         self._launches: Counter[str] = Counter()  # per run: a flaky scenario replays the same way in each run
-        super().__init__(ScenarioNvml(self.scenario))
+        self._nvml = ScenarioNvml(self.scenario)
+        super().__init__(self._nvml)
+
+    async def launch(self, argv: list[str], *, run_id: str, image: str) -> ProcessEngine:
+        engine = await super().launch(argv, run_id=run_id, image=image)
+        try:
+            settings = parse_settings(self.command(argv)[3:])  # read the way the simulator reads it
+        except UsageError:
+            return engine  # refused: the simulator exits at once and holds nothing
+        self._nvml.engines.append(SimEngine(engine, settings.tensor_parallel_size, settings.gpu_memory_utilization))
+        return engine
 
     def probe_target(self, argv: list[str], image: str) -> PythonTarget:
         return PythonTarget(sys.executable)  # the Python that runs vllm-sim

@@ -29,7 +29,7 @@ LAUNCH_ENV = "VLLM_SIM_LAUNCH"
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     try:
-        settings = _settings(args)
+        settings = parse_settings(args)
     except UsageError as refused:
         sys.stderr.write(refused.text())
         return 2
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     return asyncio.run(simulate(compute_facts(settings, scenario, launch), speed))
 
 
-def _settings(args: list[str]) -> Settings:
+def parse_settings(args: list[str]) -> Settings:
     """Parses like vLLM: the `vllm` parser owns the subcommand and unknown flags, `vllm serve` the rest."""
     subcommands = load("log.toml")["cli"]["subcommands"]
     if not args or args[0] != "serve":

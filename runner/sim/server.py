@@ -75,6 +75,9 @@ class ApiServer:
         self._engine = engine
         self._facts = facts
         self._catalog = catalog
+        self._log = log
+        self._procs = procs
+        self._warned_removed_fields = False
         self._metrics = Metrics(engine, facts.settings.served_model_name, facts.values())
         self._created = int(time.time())
         app = web.Application(middlewares=[_fastapi_errors])
@@ -206,6 +209,7 @@ class ApiServer:
             raise BadRequestError("invalid_request", detail="Invalid JSON body") from None
         if not isinstance(body, dict):
             raise BadRequestError("invalid_request", detail="The request body must be a JSON object")
+        self._warn_removed_fields(body)
         served = self._facts.settings.served_model_name
         if body.get("model") not in (None, served):
             raise BadRequestError("model_not_found", model=body["model"])
@@ -223,6 +227,14 @@ class ApiServer:
                 "max_tokens_too_large", max_tokens=max_tokens, max_model_len=limit, prompt_tokens=len(prompt)
             )
         return body, self._engine.plan(prompt, max_tokens, tools=bool(body.get("tools")))
+
+    def _warn_removed_fields(self, body: dict[str, Any]) -> None:
+        """vLLM's warning_once for removed guided-decoding fields (ignored: the output is unconstrained)."""
+        line = load("log.toml")["removed_request_fields"]
+        removed = sorted(set(body) & set(line["fields"]))
+        if removed and not self._warned_removed_fields:
+            self._warned_removed_fields = True
+            self._log.log(self._procs.of(line["proc"]), "WARNING", line["file"], line["text"].format(fields=removed))
 
     def _chat_prompt(self, body: dict[str, Any]) -> list[str]:
         messages = body.get("messages")

@@ -25,6 +25,7 @@ class LogFollower:
         self.analyzer = StreamAnalyzer()
         self.first_error: asyncio.Future[ErrorFinding] = asyncio.get_running_loop().create_future()
         self.tail: deque[str] = deque(maxlen=50)
+        self.warnings: list[str] = []  # every WARNING line, in order (requests report those logged meanwhile)
         self._emit = emit
         self._source = source
         self._phase: str | None = None
@@ -51,6 +52,8 @@ class LogFollower:
                     await self._flush()
                 for finding in self.analyzer.feed(text, at=time.monotonic()):
                     await self._found(finding)
+                if self.analyzer.last_level == "WARNING":
+                    self.warnings.append(text)
             for finding in self.analyzer.close():
                 await self._found(finding)
             await self._oom_seen_later()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -16,6 +17,9 @@ DEFAULT_BODY: dict[str, Any] = {
     "max_tokens": 64,
     "temperature": 0,
 }
+MAX_WARNINGS = 5
+LOG_SETTLE_S = 0.05
+MAX_WARNING_CHARS = 500
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 FILLER = "The quick brown fox jumps over the lazy dog while the cluster keeps serving tokens."
 
@@ -78,8 +82,11 @@ def filler(words: int, seed: str = "") -> str:
 
 
 async def send(http: aiohttp.ClientSession, ctx: RunContext, body: dict[str, Any], attempt: int) -> pb.RequestResult:
-    """One request; whatever happens becomes a RequestResult (status 0 when nothing answered)."""
+    """One request; whatever happens becomes a RequestResult (status 0 when nothing answered), with the GPU
+    memory in use before and after it and the warnings the engine logged meanwhile."""
     result = pb.RequestResult(attempt=attempt, max_tokens=int(body.get("max_tokens") or 0))
+    result.gpu_memory_before_mib = await gpu_memory_in_use(ctx)
+    logged = len(ctx.follower.warnings) if ctx.follower is not None else 0
     started = time.monotonic()
     timeout = aiohttp.ClientTimeout(total=ctx.config.engine.request_timeout_s)
     try:
@@ -99,7 +106,17 @@ async def send(http: aiohttp.ClientSession, ctx: RunContext, body: dict[str, Any
         if "error" in answer:
             error = answer["error"]
             result.error = str(error.get("message") if isinstance(error, dict) else error)
+    result.gpu_memory_after_mib = await gpu_memory_in_use(ctx)
+    await asyncio.sleep(LOG_SETTLE_S)  # a line logged just before the answer may still be in the pipe
+    if ctx.follower is not None:
+        result.warnings.extend(line[:MAX_WARNING_CHARS] for line in ctx.follower.warnings[logged:][:MAX_WARNINGS])
     return result
+
+
+async def gpu_memory_in_use(ctx: RunContext) -> int:
+    """MiB in use over all GPUs as NVML reports it; 0 when NVML cannot say."""
+    view = await asyncio.to_thread(ctx.backend.nvml.read)
+    return sum(gpu.memory_used_mib for gpu in view.gpus) if view.available else 0
 
 
 async def get_json(http: aiohttp.ClientSession, url: str) -> Any:
