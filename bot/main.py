@@ -8,10 +8,13 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from bot.config import config_path, load_bot_config
 from bot.consumer import RunLost, RunRefused
 from bot.coordinator import Coordinator
+from bot.isolation import IsolationError
+from bot.rerun import finish_rerun, verdict_lines
 from bot.store import ACTIVE, AsyncStore, Store
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
@@ -24,27 +27,36 @@ async def resume_all(config_file: Path) -> int:
     """Follows every run the store holds as active until each ends (what a restarted bot does first)."""
     config = load_bot_config(config_file)
     store = AsyncStore(config.store)
-    core = Coordinator(config, store)
-    active = await store.call(Store.runs, 10_000, ACTIVE)
-    log.info("resuming %d active run(s)", len(active))
-
-    async def one(run_id: str) -> bool:
-        async def note(event: pb.RunEvent) -> None:
-            log.info("run %s seq %d %s", run_id, event.seq, event.WhichOneof("payload"))
-
-        try:
-            finished = await core.resume(run_id, note)
-        except (RunLost, RunRefused) as exc:
-            log.error("run %s: %s", run_id, exc)
-            return False
-        log.info("run %s finished: %s", run_id, to_id(pb.RunStatus, finished.status))
-        return True
-
     try:
-        results = await asyncio.gather(*(one(run["id"]) for run in active))
+        return 0 if await resume_runs(Coordinator(config, store)) else 1
     finally:
         store.close()
-    return 0 if all(results) else 1
+
+
+async def resume_runs(core: Coordinator) -> bool:
+    """Every active run to its end; an isolated rerun also gets its placement released and its verdict.
+    False when some run could not be followed."""
+    active = await core.store.call(Store.runs, 10_000, ACTIVE)
+    log.info("resuming %d active run(s)", len(active))
+
+    async def one(run: dict[str, Any]) -> bool:
+        async def note(event: pb.RunEvent) -> None:
+            log.info("run %s seq %d %s", run["id"], event.seq, event.WhichOneof("payload"))
+
+        try:
+            if run["rerun_of"]:
+                outcome = await finish_rerun(core, run["id"], note)
+                finished = outcome.finished
+                log.info("rerun %s of %s: %s", run["id"], run["rerun_of"], " ".join(verdict_lines(outcome)))
+            else:
+                finished = await core.resume(run["id"], note)
+        except (RunLost, RunRefused, IsolationError, ConfigError) as exc:
+            log.error("run %s: %s", run["id"], exc)
+            return False
+        log.info("run %s finished: %s", run["id"], to_id(pb.RunStatus, finished.status))
+        return True
+
+    return all(await asyncio.gather(*(one(run) for run in active)))
 
 
 async def serve(config_file: Path) -> int:

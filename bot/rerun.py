@@ -17,7 +17,7 @@ from bot.bundle import MAX_BUNDLE_BYTES, Bundle, BundleError, export_bundle
 from bot.consumer import EventCallback, follow_run
 from bot.coordinator import Coordinator, StartRefused
 from bot.ids import new_run_id
-from bot.isolation import IsolationError, Placement, make_provider
+from bot.isolation import IsolationError, Placement, Provider, make_provider
 from bot.report import run_report
 from bot.store import ACTIVE, RunNotFound, Store, now
 from protos import runner_pb2 as pb
@@ -37,6 +37,15 @@ class RerunOutcome:
     comparison: dict[str, Any]  # {"verdict", "original", "rerun", "differences", "why"}
 
 
+@dataclass(frozen=True)
+class PlacedRerun:
+    run_id: str
+    original_id: str
+    request: pb.StartRunRequest | None  # None: started already, by a bot that has stopped since
+    provider: Provider
+    placement: Placement
+
+
 async def rerun_isolated(
     core: Coordinator,
     run_id: str,
@@ -49,14 +58,27 @@ async def rerun_isolated(
 ) -> RerunOutcome:
     """Checks everything that can be checked first (StartRefused: nothing was started), then places, runs,
     follows and compares. The placement is released however the rerun ends, a cancelled task included."""
+    placed = await place_rerun(core, run_id, requested_by, via=via, place=place)
+    try:
+        if on_started is not None:
+            await on_started(placed.run_id, placed.placement)
+    except BaseException:
+        await asyncio.shield(placed.provider.release(placed.placement))
+        raise
+    return await finish_rerun(core, placed.run_id, on_event, placed)  # no await between: release is certain
+
+
+async def place_rerun(
+    core: Coordinator, run_id: str, requested_by: str, *, via: str = "cli", place: str = ""
+) -> PlacedRerun:
+    """Checks the rerun, gets it a runner and records it (with what ends its placement); nothing runs yet."""
     store = core.store
     original = await store.call(Store.get_run, run_id)
     if original["rerun_of"]:
         raise StartRefused(f"run {original['id']} is itself a rerun of {original['rerun_of']}; rerun that one")
     try:
         bundle = await store.call(export_bundle, original["id"])
-        cluster = core.config.cluster(original["cluster"])
-        provider = make_provider(core.config, cluster)
+        provider = make_provider(core.config, core.config.cluster(original["cluster"]))
     except (BundleError, ConfigError, IsolationError) as exc:
         raise StartRefused(f"{exc}; nothing was started") from None
     size = len(bundle.to_bytes())
@@ -91,28 +113,51 @@ async def rerun_isolated(
                 "original_id": original["id"],
                 "provider": placement.provider,
                 "placement": placement.where,
+                "handle": placement.handle,
                 "bundle_sha256": bundle.sha256,
             },
         )
         await store.call(
             Store.audit, requested_by, "rerun", original["id"], f"rerun {rerun_id} on {placement.where}", via, place
         )
-        if on_started is not None:
-            await on_started(rerun_id, placement)
-        finished = await follow_run(core.config, store, rerun_id, placement.address, on_event, request)
-    finally:
+    except BaseException:
         await asyncio.shield(provider.release(placement))
+        raise
+    return PlacedRerun(rerun_id, original["id"], request, provider, placement)
+
+
+async def finish_rerun(
+    core: Coordinator, rerun_id: str, on_event: EventCallback, placed: PlacedRerun | None = None
+) -> RerunOutcome:
+    """Follows a rerun to its end (starting it, when just placed; else resuming what a bot that stopped had
+    started), releases its placement however that ends, and compares it with its original."""
+    store = core.store
+    if placed is None:
+        placed = await _stored(core, rerun_id)
+    placement = placed.placement
+    try:
+        finished = await follow_run(core.config, store, rerun_id, placement.address, on_event, placed.request)
+    finally:
+        await asyncio.shield(placed.provider.release(placement))
         if placement.handle:  # a job of its own: releasing it ended the run, even if we did not see the end
             await store.call(_close_if_active, rerun_id, f"the bot stopped following; {placement.where} was ended")
-    events = await store.call(Store.events, rerun_id)
-    comparison = compare(bundle.events(), events)
+    original, events = await store.call(Store.events, placed.original_id), await store.call(Store.events, rerun_id)
+    comparison = compare(original, events)
     if finished.status != pb.RUN_STATUS_COMPLETED:
         status = to_id(pb.RunStatus, finished.status)
         comparison = {**comparison, "verdict": None, "why": f"the rerun ended {status}: {finished.summary}"}
     await store.call(
         Store.update_rerun, rerun_id, verdict=comparison["verdict"] or "", comparison_json=json.dumps(comparison)
     )
-    return RerunOutcome(rerun_id, original["id"], placement, finished, comparison)
+    return RerunOutcome(rerun_id, placed.original_id, placement, finished, comparison)
+
+
+async def _stored(core: Coordinator, rerun_id: str) -> PlacedRerun:
+    """A rerun as the store recorded it when it was placed (IsolationError/ConfigError: its provider is gone)."""
+    run, row = await core.store.call(Store.get_run, rerun_id), await core.store.call(Store.get_rerun, rerun_id)
+    provider = make_provider(core.config, core.config.cluster(run["cluster"]))
+    placement = Placement(row["provider"], run["runner"], row["placement"], row["handle"] or "")
+    return PlacedRerun(rerun_id, row["original_id"], None, provider, placement)
 
 
 def rerun_request(bundle: Bundle, rerun_id: str, requested_by: str) -> pb.StartRunRequest:

@@ -140,12 +140,19 @@ def _m4_reruns(db: sqlite_utils.Database) -> None:
     db.table("reruns").create_index(["original_id"])
 
 
+def _m5_rerun_handles(db: sqlite_utils.Database) -> None:
+    """What ends a rerun's placement (a Slurm job id, a Kubernetes Job name), so that a bot restarted while
+    the rerun ran can still release it."""
+    db.table("reruns").add_column("handle", str)
+
+
 # Append only: a migration's position is its number, recorded in _migrations.
 MIGRATIONS: tuple[tuple[str, Callable[[sqlite_utils.Database], None]], ...] = (
     ("initial", _m1_initial),
     ("change_log", _m2_change_log),
     ("slack", _m3_slack),
     ("reruns", _m4_reruns),
+    ("rerun_handles", _m5_rerun_handles),
 )
 
 
@@ -228,6 +235,10 @@ class Store:
     def update_rerun(self, run_id: str, **fields: Any) -> None:
         with self.db.conn:
             self.db.table("reruns").update(run_id, fields)
+
+    def get_rerun(self, run_id: str) -> dict[str, Any]:
+        row: dict[str, Any] = self.db.table("reruns").get(run_id)
+        return row
 
     def reruns_of(self, original_id: str) -> list[dict[str, Any]]:
         return list(self.db.table("reruns").rows_where("original_id = ?", [original_id], order_by="created_at"))

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from bot.consumer import follow_run
 from bot.coordinator import Coordinator, StartRefused
 from bot.isolation import Placement
-from bot.rerun import rerun_isolated
+from bot.main import resume_runs
+from bot.rerun import place_rerun, rerun_isolated
 from bot.store import AsyncStore, Store
 from protos import runner_pb2 as pb
 from runner.tls import DevCerts
@@ -143,6 +145,37 @@ async def test_an_interrupted_rerun_scancels_its_job(slurm: Slurm, certs: DevCer
         rows = await core.store.call(Store.runs, 10)
     assert slurm.jobs() == []
     assert {row["status"] for row in rows if row["rerun_of"]} == {"cancelled"}
+
+
+async def test_a_rerun_left_by_a_bot_that_died_is_released_and_judged_by_the_next_one(
+    slurm: Slurm, certs: DevCerts, tmp_path: Path
+) -> None:
+    launching = asyncio.Event()
+
+    async def watch(event: pb.RunEvent) -> None:
+        if event.HasField("stage_started") and event.stage_started.stage == pb.STAGE_MINIMAL_LAUNCH:
+            launching.set()
+
+    async with bot(certs, tmp_path, speed=100) as (core, original):
+        placed = await place_rerun(core, original, "U2")
+        address = placed.placement.address
+        follower = asyncio.create_task(
+            follow_run(core.config, core.store, placed.run_id, address, watch, placed.request)
+        )
+        await launching.wait()
+        follower.cancel()  # the bot dies mid-rerun: nothing releases the job, the run goes on
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower
+        assert slurm.jobs() == [f"{placed.placement.handle} RUNNING"]
+        assert await resume_runs(Coordinator(core.config, core.store))  # the next bot, on the same store
+        rerun = await core.store.call(Store.get_rerun, placed.run_id)
+        run = await core.store.call(Store.get_run, placed.run_id)
+    assert slurm.jobs() == []
+    assert (run["status"], rerun["verdict"], rerun["handle"]) == (
+        "completed",
+        "not_reproduced",
+        placed.placement.handle,
+    )
 
 
 async def test_a_job_that_never_starts_is_reported_after_the_queue_wait(

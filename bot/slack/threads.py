@@ -15,8 +15,8 @@ from typing import Any
 from bot.bundle import logs_by_source
 from bot.consumer import EventCallback, RunLost, RunRefused
 from bot.coordinator import Coordinator, StartedRun
-from bot.isolation import Placement
-from bot.rerun import rerun_isolated, verdict_lines
+from bot.isolation import IsolationError, Placement
+from bot.rerun import RerunOutcome, finish_rerun, rerun_isolated, verdict_lines
 from bot.slack import blocks
 from bot.slack.blocks import Message
 from bot.slack.metrics import Metrics
@@ -25,6 +25,7 @@ from bot.slack.tasks import TaskSet
 from bot.slack.view import RunView, is_file
 from bot.store import ACTIVE, AsyncStore, Store, now
 from protos import runner_pb2 as pb
+from runner.toml_reader import ConfigError
 
 log = logging.getLogger("k3repro.slack.threads")
 
@@ -49,9 +50,13 @@ class Threads:
         self._follow(view, channel, functools.partial(self.core.follow, started))
 
     async def resume_all(self) -> int:
-        """Follows every run the store holds as active; a run with a thread continues in it."""
+        """Follows every run the store holds as active; a run with a thread continues in it, and an isolated
+        rerun's verdict goes to its original's thread."""
         runs = await self.store.call(Store.runs, 10_000, ACTIVE)
         for run in runs:
+            if run["rerun_of"]:
+                self._resume_rerun(run)
+                continue
             thread = await self.store.call(thread_of, run["id"])
             view = RunView.of(run)
             channel = thread["channel"] if thread else ""
@@ -85,25 +90,17 @@ class Threads:
         """Starts an isolated rerun of a run; its start, then its verdict and environment differences, go to
         the ORIGINAL run's thread. A refusal (nothing started) is raised to the caller, as StartRefused."""
         placed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        thread = await self.store.call(thread_of, run_id)
-        where = {"channel": thread["channel"] if thread else channel}
-
-        async def post(key: str, message: Message) -> None:
-            args = {**where, **message.args()}
-            await self.outbox.put(Write(key, "chat.postMessage", args, run_id if thread else "", thread=bool(thread)))
+        post = await self._poster(run_id, channel)
 
         async def started(rerun_id: str, placement: Placement) -> None:
             text = f"🧪 isolated rerun `{rerun_id}` started on {placement.where}, by <@{user}>"
             await post(f"{run_id}:rerun:{rerun_id}:start", blocks.fit(text, [blocks.section(text)]))
             placed.set_result(rerun_id)
 
-        async def ignore(event: pb.RunEvent) -> None:
-            """The rerun has its own record (`status RUN`); the original's thread gets its verdict."""
-
         async def work() -> None:
             try:
                 outcome = await rerun_isolated(
-                    self.core, run_id, user, ignore, via="slack", place=channel, on_started=started
+                    self.core, run_id, user, _ignore, via="slack", place=channel, on_started=started
                 )
             except Exception as exc:
                 if not placed.done():  # nothing was started: the one who asked hears why
@@ -111,21 +108,42 @@ class Threads:
                     return
                 if not isinstance(exc, RunLost | RunRefused):
                     raise
-                text = f"⚠️ isolated rerun `{placed.result()}` ended without a verdict: {exc}"
-                await post(f"{run_id}:rerun:{placed.result()}:problem", blocks.fit(text, [blocks.section(text)]))
+                await _no_verdict(post, run_id, placed.result(), exc)
                 return
             finally:
                 placed.cancel()  # a no-op once placed; otherwise (the bot stopping) the asker stops waiting
-            lines = verdict_lines(outcome)
-            mark = VERDICT_MARK.get(outcome.comparison["verdict"] or "", "⚠️")
-            message = blocks.fit(
-                lines[0], [blocks.section(f"{mark} *{lines[0]}*"), blocks.section(blocks.code(lines[1:]))]
-            )
-            await post(f"{run_id}:rerun:{outcome.run_id}:verdict", message)
+            await _post_verdict(post, outcome)
 
         self._tasks.spawn(work(), name=f"rerun of {run_id}")
         rerun_id = await placed
         return f"🧪 isolated rerun `{rerun_id}` started; its verdict goes to the thread of `{run_id}`"
+
+    def _resume_rerun(self, rerun: dict[str, Any]) -> None:
+        """A rerun a stopped bot had started: followed to its end, released, its verdict to the original's thread."""
+
+        async def work() -> None:
+            post = await self._poster(rerun["rerun_of"], "")
+            try:
+                outcome = await finish_rerun(self.core, rerun["id"], _ignore)
+            except (RunLost, RunRefused, IsolationError, ConfigError) as exc:
+                await _no_verdict(post, rerun["rerun_of"], rerun["id"], exc)
+                return
+            await _post_verdict(post, outcome)
+
+        self._tasks.spawn(work(), name=f"rerun {rerun['id']}")
+
+    async def _poster(self, run_id: str, channel: str) -> Post:
+        """Posts into run_id's thread (or, without one, to `channel`); keys make a repeated post a no-op."""
+        thread = await self.store.call(thread_of, run_id)
+        where = {"channel": thread["channel"] if thread else channel}
+
+        async def post(key: str, message: Message) -> None:
+            if not where["channel"]:  # a run started from the terminal, resumed: no Slack place to tell
+                return
+            args = {**where, **message.args()}
+            await self.outbox.put(Write(key, "chat.postMessage", args, run_id if thread else "", thread=bool(thread)))
+
+        return post
 
     async def idle(self) -> None:
         await self._tasks.wait()
@@ -225,3 +243,22 @@ def thread_of(store: Store, run_id: str) -> dict[str, Any] | None:
 def _logs(store: Store, run_id: str) -> dict[str, str]:
     """The run's whole log, one text per source, from the stored events (so a restart loses nothing)."""
     return logs_by_source(store.events(run_id))
+
+
+Post = Callable[[str, Message], Awaitable[None]]
+
+
+async def _ignore(event: pb.RunEvent) -> None:
+    """A rerun has its own record (`status RUN`); the original's thread gets its verdict."""
+
+
+async def _post_verdict(post: Post, outcome: RerunOutcome) -> None:
+    lines = verdict_lines(outcome)
+    mark = VERDICT_MARK.get(outcome.comparison["verdict"] or "", "⚠️")
+    message = blocks.fit(lines[0], [blocks.section(f"{mark} *{lines[0]}*"), blocks.section(blocks.code(lines[1:]))])
+    await post(f"{outcome.original_id}:rerun:{outcome.run_id}:verdict", message)
+
+
+async def _no_verdict(post: Post, original_id: str, rerun_id: str, exc: Exception) -> None:
+    text = f"⚠️ isolated rerun `{rerun_id}` ended without a verdict: {exc}"
+    await post(f"{original_id}:rerun:{rerun_id}:problem", blocks.fit(text, [blocks.section(text)]))
