@@ -1,134 +1,61 @@
-"""Run events as text for a terminal: one line per event a person cares about, in the order they happened."""
+"""The terminal's view of a run: the same Block Kit blocks Slack gets (bot/blocks.py), printed as text."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC
 from typing import Any
 
+from bot.blocks import Block, EventBlocks
 from protos import runner_pb2 as pb
-from protos.vocab import to_id
 
-STATUS_MARK = {
-    pb.STAGE_STATUS_OK: "✓",
-    pb.STAGE_STATUS_FAILED: "✗",
-    pb.STAGE_STATUS_SKIPPED: "–",
-    pb.STAGE_STATUS_CANCELLED: "⊘",
-}
-CHECK_MARK = {pb.CHECKLIST_STATE_HOLDS: "☑", pb.CHECKLIST_STATE_FAILS: "☒", pb.CHECKLIST_STATE_PENDING: "☐"}
 INDENT = " " * 11
+_FENCE = re.compile(r"```(.*?)```", re.DOTALL)
+_BOLD = re.compile(r"(?<![\w*])\*([^*\n]+)\*(?![\w*])")
+_LINK = re.compile(r"<(?:[@#!])?([^<>|]+)(?:\|([^<>]+))?>")
 
 
 class TextRenderer:
-    """A run's events as text, in order. A first error already shown in full (a repeat attempt, a ladder step
-    reproducing it) is shown again in one line, so the terminal stays readable."""
+    """A run's events as text, in order: each event's blocks, the first line stamped with the event's time."""
 
     def __init__(self, *, logs: bool = False) -> None:
-        self.logs = logs
-        self._shown: set[str] = set()
+        self._blocks = EventBlocks(logs=logs)
 
     def lines(self, event: pb.RunEvent) -> list[str]:
-        """The lines to print for one event; [] for events a reader does not need (heartbeats, logs by default)."""
-        kind = event.WhichOneof("payload")
-        stamp = event.at.ToDatetime(tzinfo=UTC).strftime("%H:%M:%S")
-        if kind == "first_error" and event.first_error.signature in self._shown:
-            error = event.first_error
-            body = [f"  the same first error again in {to_id(pb.Phase, error.phase)}: {error.line}"]
-        else:
-            body = _BODY.get(kind or "", _nothing)(getattr(event, kind) if kind else None, self.logs)
-        if kind == "first_error":
-            self._shown.add(event.first_error.signature)
+        body = text_lines(self._blocks.of(event))
         if not body:
             return []
+        stamp = event.at.ToDatetime(tzinfo=UTC).strftime("%H:%M:%S")
         return [f"[{stamp}] {body[0]}", *(f"{INDENT}{line}" for line in body[1:])]
 
 
-def _nothing(_: Any, __: bool) -> list[str]:
-    return []
-
-
-def _stage_started(m: pb.StageStarted, _: bool) -> list[str]:
-    return [f"▶ {to_id(pb.Stage, m.stage)}" + (f" — {m.detail}" if m.detail else "")]
-
-
-def _stage_finished(m: pb.StageFinished, _: bool) -> list[str]:
-    return [f"{STATUS_MARK.get(m.status, '?')} {to_id(pb.Stage, m.stage) or 'run'}: {m.summary}"]
-
-
-def _phase(m: pb.PhaseReached, _: bool) -> list[str]:
-    return [f"  phase {to_id(pb.Phase, m.phase)}"]
-
-
-def _first_error(m: pb.FirstError, _: bool) -> list[str]:
-    lines = [
-        f"  FIRST ERROR in {to_id(pb.Phase, m.phase)} [{to_id(pb.ErrorCategory, m.category)}]",
-        f"  > {m.line}",
-    ]
-    lines += [f"  | {line}" for line in m.context]
-    lines.append(f"  secondary OOM: {'yes — an OOM was seen, but it is not the cause' if m.secondary_oom else 'no'}")
-    if m.hint:
-        lines.append(f"  hint: {m.hint}")
+def text_lines(blocks: list[Block]) -> list[str]:
+    """Blocks as plain text: mrkdwn marks dropped, code as `| ` lines, fields on one line; buttons left out."""
+    lines: list[str] = []
+    for block in blocks:
+        if block["type"] == "section" and "fields" in block:
+            lines.append(" · ".join(_mrkdwn(f["text"]).replace("\n", ": ", 1) for f in block["fields"]))
+        if block["type"] == "section" and "text" in block:
+            lines += _mrkdwn_lines(block["text"]["text"])
+        elif block["type"] == "context":
+            lines += _mrkdwn_lines(" ".join(e["text"] for e in block["elements"] if "text" in e))
     return lines
 
 
-def _checklist(m: pb.ChecklistItem, _: bool) -> list[str]:
-    return [f"  {CHECK_MARK.get(m.state, '?')} {to_id(pb.ChecklistId, m.item)}: {m.evidence}"]
+def _mrkdwn_lines(text: str) -> list[str]:
+    lines: list[str] = []
+    position = 0
+    for fence in _FENCE.finditer(text):
+        lines += _mrkdwn(text[position : fence.start()]).splitlines()
+        lines += [f"| {line}" for line in fence.group(1).split("\n")]
+        position = fence.end()
+    lines += _mrkdwn(text[position:]).splitlines()
+    return [line for line in lines if line.strip()]
 
 
-def _ladder(m: pb.LadderStepResult, _: bool) -> list[str]:
-    return [f"  ladder {to_id(pb.LadderStepId, m.step)}: {to_id(pb.LadderOutcome, m.outcome)} {m.detail}".rstrip()]
-
-
-def _log(m: pb.LogChunk, logs: bool) -> list[str]:
-    return [f"  log {m.source}:", *(f"  {line}" for line in m.lines)] if logs else []
-
-
-def _request(m: pb.RequestResult, _: bool) -> list[str]:
-    answer = f"HTTP {m.http_status}" if m.http_status else "no answer"
-    detail = (
-        f"finish {m.finish_reason or '-'}, {m.prompt_tokens} prompt / {m.completion_tokens} completion tokens "
-        f"(max_tokens {m.max_tokens}), {m.latency_s:.2f} s"
-    )
-    line = f"  request #{m.attempt}: {answer}, {detail}{request_notes(m)}" + (f" — {m.error}" if m.error else "")
-    return [line, *(f"             warning: {w}" for w in m.warnings)]
-
-
-def request_notes(m: pb.RequestResult) -> str:
-    """What a request result adds besides the answer: GPU memory around it and the warnings logged meanwhile."""
-    notes = ""
-    if m.gpu_memory_before_mib or m.gpu_memory_after_mib:
-        notes += f" · GPU memory {m.gpu_memory_before_mib:,} → {m.gpu_memory_after_mib:,} MiB"
-    if m.warnings:
-        notes += f" · {len(m.warnings)} warning(s)"
-    return notes
-
-
-def _artifact(m: pb.Artifact, _: bool) -> list[str]:
-    if m.media_type == "text/plain" and "\n" not in m.content:
-        return [f"  {m.name.replace('_', ' ')}: {m.content}"]
-    return [f"  recorded {m.name} ({len(m.content)} bytes; `k3repro show RUN --json` prints it)"]
-
-
-def _finished(m: pb.RunFinished, _: bool) -> list[str]:
-    status = to_id(pb.RunStatus, m.status)
-    decision = to_id(pb.Decision, m.decision)
-    lines = [f"■ run {status}" + (f" — decision: {decision}" if decision else "")]
-    lines += [f"  {m.summary}"] if m.summary else []
-    lines += [f"  · {reason}" for reason in m.reasons if reason != m.summary]
-    return lines
-
-
-_BODY: dict[str, Any] = {
-    "stage_started": _stage_started,
-    "stage_finished": _stage_finished,
-    "phase_reached": _phase,
-    "first_error": _first_error,
-    "checklist_item": _checklist,
-    "ladder_step": _ladder,
-    "log_chunk": _log,
-    "request_result": _request,
-    "artifact": _artifact,
-    "run_finished": _finished,
-}
+def _mrkdwn(text: str) -> str:
+    text = _LINK.sub(lambda m: m.group(2) or ("@" + m.group(1) if m.group(0)[1] == "@" else m.group(1)), text)
+    return _BOLD.sub(r"\1", text).replace("`", "")
 
 
 def run_header(run: dict[str, Any]) -> str:

@@ -93,10 +93,10 @@ def test_demo_prints_the_failing_phase_and_first_error() -> None:
     result = subprocess.run([BIN / "k3repro", "demo"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "FIRST ERROR in gpu_detect [nccl_comm]" in out
-    assert "NCCL error" in out
-    assert "✗ minimal_launch: failed in gpu_detect" in out
-    assert "decision: continue" in out
+    assert "🔥 First error" in out and "Phase: gpu_detect · Category: nccl_comm · Secondary OOM: no" in out
+    assert "| (Worker_TP3 pid=" in out and "NCCL error" in out  # the first error line, as a code line
+    assert "❌ minimal_launch — failed in gpu_detect" in out
+    assert "🔎 Verdict: continue" in out
     assert time.monotonic() - started < 60
 
 

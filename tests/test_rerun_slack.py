@@ -8,10 +8,10 @@ import contextlib
 import json
 from pathlib import Path
 
+from bot.blocks import ACTION_RERUN
 from bot.consumer import follow_run
 from bot.coordinator import Coordinator
 from bot.rerun import place_rerun
-from bot.slack.blocks import ACTION_RERUN
 from bot.store import AsyncStore, Store
 from bot.web import serving
 from protos import runner_pb2 as pb

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from bot import blocks
 from bot.config import parse_bot_config
-from bot.slack import blocks
+from bot.run_view import RunView
 from bot.slack.commands import Command, CommandError, parse
-from bot.slack.view import RunView
 from protos import runner_pb2 as pb
 from protos.vocab import CHECKLIST_IDS
 from runner.toml_reader import ConfigError

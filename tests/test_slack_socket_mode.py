@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from bot.slack.blocks import ACTION_RERUN
+from bot.blocks import ACTION_RERUN
 from bot.store import Store
 from bot.web import serving
 from runner.tls import DevCerts

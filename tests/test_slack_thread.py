@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bot.slack.blocks import ACTION_CANCEL, ACTION_RERUN, MAX_BLOCKS, MAX_MESSAGE, MAX_SECTION
+from bot.blocks import ACTION_CANCEL, ACTION_RERUN, MAX_BLOCKS, MAX_MESSAGE, MAX_SECTION
 from bot.store import Store
 from bot.web import Served, serving
 from protos.vocab import CHECKLIST_IDS
@@ -72,7 +72,7 @@ async def test_a_slash_command_starts_a_run_whose_thread_tells_the_story(
     heads = [s["text"].split(":")[0] for s in stages]
     assert heads[0] == "✅ freeze" and heads.index("❌ minimal_launch") < heads.index("⏭ single_request")
     failure = block_text(stages[heads.index("❌ minimal_launch")])
-    for expected in ("gpu_detect", "nccl_comm", "NCCL error: unhandled system error", "*Hint*", "*Context*"):
+    for expected in ("gpu_detect", "nccl_comm", "NCCL error: unhandled system error", "*Hint:*", "*Context*"):
         assert expected in failure
     assert "*Secondary OOM*\\nno" in failure
     # the verdict, broadcast to the channel

@@ -8,8 +8,8 @@ from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.authorization import AuthorizeResult
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.blocks import ACTION_CANCEL, ACTION_RERUN
 from bot.config import SlackConfig
-from bot.slack.blocks import ACTION_CANCEL, ACTION_RERUN
 from bot.slack.handlers import Handlers
 
 

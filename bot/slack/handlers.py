@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from bot.blocks import ACTION_CANCEL, ACTION_RERUN, MAX_SECTION, clip
 from bot.coordinator import Coordinator, StartRefused
 from bot.slack.access import Access, Refused
-from bot.slack.blocks import ACTION_CANCEL, ACTION_RERUN, MAX_SECTION, clip
 from bot.slack.commands import Command, CommandError, help_text, parse
 from bot.slack.metrics import Metrics
 from bot.slack.outbox import Outbox, Write

@@ -12,17 +12,17 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from bot import blocks
+from bot.blocks import Message
 from bot.bundle import logs_by_source
 from bot.consumer import EventCallback, RunLost, RunRefused
 from bot.coordinator import Coordinator, StartedRun
 from bot.isolation import IsolationError, Placement
 from bot.rerun import RerunOutcome, finish_rerun, rerun_isolated, verdict_lines
-from bot.slack import blocks
-from bot.slack.blocks import Message
+from bot.run_view import RunView, is_file
 from bot.slack.metrics import Metrics
 from bot.slack.outbox import UPLOAD, Outbox, Write
 from bot.slack.tasks import TaskSet
-from bot.slack.view import RunView, is_file
 from bot.store import ACTIVE, AsyncStore, Store, now
 from protos import runner_pb2 as pb
 from runner.toml_reader import ConfigError

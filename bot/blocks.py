@@ -1,4 +1,6 @@
-"""Block Kit for a run's thread, kept within Slack's limits; whatever does not fit goes to a file.
+"""The one renderer of a run: Block Kit. Slack posts these blocks (the card, the live checklist, a message per
+stage and ladder step, the verdict); the terminal prints the same blocks as text (bot/render.py), the live
+stream event by event (EventBlocks). Kept within Slack's limits; whatever does not fit goes to a file.
 
 Limits (docs.slack.dev, and bolt-js #2509 for the undocumented aggregate): ≤ 50 blocks, section text
 ≤ 3000 characters, about 12 000 characters of blocks per message.
@@ -10,8 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from bot.render import request_notes
-from bot.slack.view import RunView
+from bot.run_view import RunView, is_file
 from protos import runner_pb2 as pb
 from protos.vocab import CHECKLIST_IDS, to_id
 
@@ -164,10 +165,7 @@ def checklist(view: RunView) -> Message:
     blocks = [section(f"*Checklist* · {held}/{len(CHECKLIST_IDS)} hold · {where}", "now")]
     for item in CHECKLIST_IDS:
         state, evidence = view.checklist.get(item, (pb.CHECKLIST_STATE_UNSPECIFIED, ""))
-        line = f"{CHECK_MARK.get(state, PENDING_MARK)} *{item}*" + (
-            f" — {clip(evidence, EVIDENCE_CHARS)}" if evidence else ""
-        )
-        blocks.append(section(line, item))
+        blocks.append(section(checklist_line(item, state, clip(evidence, EVIDENCE_CHARS)), item))
     blocks.append(context(f"run `{view.run_id}` · updated as the run goes"))
     return fit(f"Checklist: {held}/{len(CHECKLIST_IDS)} hold · {where}", blocks)
 
@@ -175,62 +173,145 @@ def checklist(view: RunView) -> Message:
 def stage_result(view: RunView, finished: pb.StageFinished) -> Message:
     """One message per finished stage; a failure shows the first error, its context, the hint and the OOM call."""
     stage = to_id(pb.Stage, finished.stage) or "run"
-    mark = STAGE_MARK.get(finished.status, "•")
-    blocks = [section(f"{mark} *{stage}* — {clip(finished.summary, 2800)}", "result")]
-    blocks += [section(f"{a.name.replace('_', ' ')}: `{clip(a.content, 2800)}`") for a in view.notes.get(stage, [])]
+    blocks = [stage_head(finished)]
+    blocks += [section(artifact_note(a)) for a in view.notes.get(stage, [])]
     error = view.first_errors.get(stage)
     if error is not None and finished.status == pb.STAGE_STATUS_FAILED:
-        oom = "yes — an OOM was seen, but it is not the cause" if error.secondary_oom else "no"
-        blocks.append(
-            {
-                "type": "section",
-                "block_id": "first_error",
-                "fields": [
-                    {"type": "mrkdwn", "text": f"*Phase*\n{to_id(pb.Phase, error.phase)}"},
-                    {"type": "mrkdwn", "text": f"*Category*\n{to_id(pb.ErrorCategory, error.category)}"},
-                    {"type": "mrkdwn", "text": f"*Secondary OOM*\n{oom}"},
-                ],
-            }
-        )
-        blocks.append(section("*First error*\n" + code([error.line])))
-        if error.context:
-            blocks.append(section("*Context*\n" + code(list(error.context[:CONTEXT_LINES]))))
-        if error.hint:
-            blocks.append(section(f"*Hint* {error.hint}"))
-    if stage == "single_request":
-        blocks += [section(code([_request_line(r) for r in view.requests]))] if view.requests else []
+        blocks += first_error_blocks(error)
+    if stage == "single_request" and view.requests:
+        blocks.append(section(code([line for r in view.requests for line in request_lines(r)])))
+    mark = STAGE_MARK.get(finished.status, "•")
     return fit(f"{mark} {stage}: {clip(finished.summary, 300)}", blocks)
+
+
+def stage_head(finished: pb.StageFinished) -> Block:
+    stage = to_id(pb.Stage, finished.stage) or "run"
+    return section(f"{STAGE_MARK.get(finished.status, '•')} *{stage}* — {clip(finished.summary, 2800)}", "result")
+
+
+def first_error_blocks(error: pb.FirstError) -> list[Block]:
+    """Where the first error happened and what it is, its context, the hint, and whether an OOM is secondary."""
+    oom = "yes — an OOM was seen, but it is not the cause" if error.secondary_oom else "no"
+    blocks: list[Block] = [
+        section("🔥 *First error*\n" + code([error.line])),
+        {
+            "type": "section",
+            "block_id": "first_error",
+            "fields": [
+                {"type": "mrkdwn", "text": f"*Phase*\n{to_id(pb.Phase, error.phase)}"},
+                {"type": "mrkdwn", "text": f"*Category*\n{to_id(pb.ErrorCategory, error.category)}"},
+                {"type": "mrkdwn", "text": f"*Secondary OOM*\n{oom}"},
+            ],
+        },
+    ]
+    if error.context:
+        blocks.append(section("*Context*\n" + code(list(error.context[:CONTEXT_LINES]))))
+    if error.hint:
+        blocks.append(section(f"*Hint:* {error.hint}"))
+    return blocks
+
+
+def checklist_line(item: str, state: int, evidence: str) -> str:
+    return f"{CHECK_MARK.get(state, PENDING_MARK)} *{item}*" + (f" — {evidence}" if evidence else "")
+
+
+def artifact_note(artifact: pb.Artifact) -> str:
+    """A one-line artifact as it reads in a message; anything bigger is named (it goes to a file)."""
+    if is_file(artifact):
+        return f"recorded {artifact.name} ({len(artifact.content)} bytes; `k3repro show RUN --json` prints it)"
+    return f"{artifact.name.replace('_', ' ')}: `{clip(artifact.content, 2800)}`"
+
+
+def request_lines(r: pb.RequestResult) -> list[str]:
+    """A request's result, then the warnings the engine logged while it ran."""
+    answer = f"HTTP {r.http_status}" if r.http_status else "no answer"
+    line = (
+        f"request #{r.attempt}: {answer} · finish {r.finish_reason or '-'} · {r.prompt_tokens} prompt → "
+        f"{r.completion_tokens} completion tokens (max_tokens {r.max_tokens}) · {r.latency_s:.2f} s"
+    )
+    if r.gpu_memory_before_mib or r.gpu_memory_after_mib:
+        line += f" · GPU memory {r.gpu_memory_before_mib:,} → {r.gpu_memory_after_mib:,} MiB"
+    if r.warnings:
+        line += f" · {len(r.warnings)} warning(s)"
+    return [line + (f" — {r.error}" if r.error else ""), *(f"  warning: {w}" for w in r.warnings)]
 
 
 def ladder_step(step: pb.LadderStepResult) -> Message:
     name, outcome = to_id(pb.LadderStepId, step.step), to_id(pb.LadderOutcome, step.outcome)
-    return fit(f"ladder {name}: {outcome}", [section(f"🪜 *ladder · {name}*: `{outcome}` {step.detail}".rstrip())])
+    return fit(f"ladder {name}: {outcome}", [ladder_block(step)])
+
+
+def ladder_block(step: pb.LadderStepResult) -> Block:
+    name, outcome = to_id(pb.LadderStepId, step.step), to_id(pb.LadderOutcome, step.outcome)
+    return section(f"🪜 *ladder · {name}*: `{outcome}` {step.detail}".rstrip())
 
 
 def verdict(view: RunView, finished: pb.RunFinished) -> Message:
     status, decision = to_id(pb.RunStatus, finished.status), to_id(pb.Decision, finished.decision)
+    return fit(
+        f"{decision or status}: {clip(finished.summary, 300)}", verdict_blocks(view.run_id, view.cluster, finished)
+    )
+
+
+def verdict_blocks(run_id: str, cluster: str, finished: pb.RunFinished) -> list[Block]:
+    status, decision = to_id(pb.RunStatus, finished.status), to_id(pb.Decision, finished.decision)
     title = f"*Verdict: {decision}*" if decision else f"*Run {status}*"
     mark = DECISION_MARK.get(decision) or RUN_MARK.get(status, "•")
-    blocks = [section(f"{mark} {title} · run `{view.run_id}` on *{view.cluster}*", "verdict")]
+    where = f" on *{cluster}*" if cluster else ""
+    blocks = [section(f"{mark} {title} · run `{run_id}`{where}", "verdict")]
     if finished.summary:
         blocks.append(section(finished.summary))
     reasons = [reason for reason in finished.reasons if reason != finished.summary]
     if reasons:
         blocks.append(section("\n".join(f"• {reason}" for reason in reasons)))
-    return fit(f"{decision or status}: {clip(finished.summary, 300)}", blocks)
+    return blocks
 
 
 def problem(view: RunView) -> Message:
     return fit(f"run {view.run_id}: {view.status}", [section(f"⚠️ *Run {view.status}* — {clip(view.problem, 2800)}")])
 
 
-def _request_line(r: pb.RequestResult) -> str:
-    answer = f"HTTP {r.http_status}" if r.http_status else "no answer"
-    return (
-        f"#{r.attempt} {answer} · finish {r.finish_reason or '-'} · {r.prompt_tokens} → {r.completion_tokens} "
-        f"tokens (max {r.max_tokens}) · {r.latency_s:.2f} s{request_notes(r)}" + (f" · {r.error}" if r.error else "")
-    )
-
-
 def _plain(text: str) -> dict[str, Any]:
     return {"type": "plain_text", "text": text}
+
+
+class EventBlocks:
+    """The live stream of a run as blocks, event by event (what the terminal prints as it happens). A first
+    error already shown in full (a repeat attempt, a ladder step reproducing it) is shown again in one line."""
+
+    def __init__(self, *, logs: bool = False) -> None:
+        self.logs = logs
+        self._shown: set[str] = set()
+
+    def of(self, event: pb.RunEvent) -> list[Block]:
+        """The blocks of one event; [] for what a reader does not need (heartbeats, engine logs by default)."""
+        kind = event.WhichOneof("payload")
+        if kind == "stage_started":
+            detail = event.stage_started.detail
+            return [context(f"▶ *{to_id(pb.Stage, event.stage_started.stage)}*" + (f" — {detail}" if detail else ""))]
+        if kind == "stage_finished":
+            return [stage_head(event.stage_finished)]
+        if kind == "phase_reached":
+            return [context(f"phase `{to_id(pb.Phase, event.phase_reached.phase)}`")]
+        if kind == "first_error":
+            return self._first_error(event.first_error)
+        if kind == "checklist_item":
+            item = event.checklist_item
+            return [section(checklist_line(to_id(pb.ChecklistId, item.item), item.state, item.evidence))]
+        if kind == "ladder_step":
+            return [ladder_block(event.ladder_step)]
+        if kind == "request_result":
+            return [context(line) for line in request_lines(event.request_result)]
+        if kind == "artifact":
+            return [context(artifact_note(event.artifact))]
+        if kind == "log_chunk" and self.logs:
+            return [section(f"log `{event.log_chunk.source}`\n" + code(list(event.log_chunk.lines)))]
+        if kind == "run_finished":
+            return verdict_blocks(event.run_id, "", event.run_finished)
+        return []
+
+    def _first_error(self, error: pb.FirstError) -> list[Block]:
+        if error.signature in self._shown:
+            return [context(f"the same first error again in `{to_id(pb.Phase, error.phase)}`: {error.line}")]
+        self._shown.add(error.signature)
+        return first_error_blocks(error)

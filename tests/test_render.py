@@ -1,0 +1,90 @@
+"""The terminal prints the blocks Slack gets (one Block Kit renderer): Block Kit as text, and a run's events
+as the blocks of its live stream."""
+
+from __future__ import annotations
+
+from bot import blocks
+from bot.render import TextRenderer, text_lines
+from bot.run_view import RunView
+from protos import runner_pb2 as pb
+
+ERROR = pb.FirstError(
+    phase=pb.PHASE_GPU_DETECT,
+    category=pb.ERROR_CATEGORY_NCCL_COMM,
+    line="RuntimeError: NCCL error: unhandled system error",
+    context=['  File "pynccl.py", line 1', "RuntimeError: NCCL error: unhandled system error"],
+    signature="gpu_detect:nccl_comm:RuntimeError: NCCL error: unhandled system error",
+    hint="Rerun with NCCL_DEBUG=INFO.",
+)
+
+
+def test_block_kit_reads_as_text() -> None:
+    text = text_lines(
+        [
+            blocks.section("*bold* and `code` for <@U123> at <https://example.com/x|the docs>\n```a\nb```"),
+            {
+                "type": "section",
+                "fields": [{"type": "mrkdwn", "text": "*Phase*\ngpu_detect"}, {"type": "mrkdwn", "text": "*OOM*\nno"}],
+            },
+            blocks.context("ctx <#C1|incidents>"),
+            {"type": "actions", "elements": [{"type": "button", "text": {"type": "plain_text", "text": "Cancel"}}]},
+        ]
+    )
+    assert text == ["bold and code for @U123 at the docs", "| a", "| b", "Phase: gpu_detect · OOM: no", "ctx incidents"]
+
+
+def test_a_product_like_2x4_keeps_its_star() -> None:
+    assert text_lines([blocks.section("weights 2*4 GiB, *not* bold: a*b")]) == ["weights 2*4 GiB, not bold: a*b"]
+
+
+def test_the_terminal_shows_the_stage_message_slack_posts() -> None:
+    view = RunView("r1", "cluster-a", "gpu-a1", "img", "U1", stage="minimal_launch")
+    view.apply(pb.RunEvent(first_error=ERROR))
+    finished = pb.StageFinished(
+        stage=pb.STAGE_MINIMAL_LAUNCH, status=pb.STAGE_STATUS_FAILED, summary="failed in gpu_detect (nccl_comm)"
+    )
+    slack = text_lines(blocks.stage_result(view, finished).blocks)
+    renderer = TextRenderer()
+    printed = renderer.lines(pb.RunEvent(first_error=ERROR)) + renderer.lines(pb.RunEvent(stage_finished=finished))
+    body = [line.split("] ", 1)[1] if line.startswith("[") else line.strip() for line in printed]
+    assert slack == [body[-1], *(line.strip() for line in body[:-1])]  # the same lines: head, then the error
+    assert "🔥 First error" in slack and "| RuntimeError: NCCL error: unhandled system error" in slack
+    assert (
+        "Phase: gpu_detect · Category: nccl_comm · Secondary OOM: no" in slack
+        and "Hint: Rerun with NCCL_DEBUG=INFO." in slack
+    )
+
+
+def test_a_first_error_shown_in_full_is_repeated_in_one_line() -> None:
+    renderer = TextRenderer()
+    first = renderer.lines(pb.RunEvent(first_error=ERROR))
+    again = renderer.lines(pb.RunEvent(first_error=ERROR))
+    assert len(first) > 3 and len(again) == 1
+    assert again[0].endswith(
+        "the same first error again in gpu_detect: RuntimeError: NCCL error: unhandled system error"
+    )
+
+
+def test_logs_and_heartbeats_are_left_out_unless_asked_for() -> None:
+    chunk = pb.RunEvent(log_chunk=pb.LogChunk(source="minimal_launch", lines=["INFO 1", "INFO 2"]))
+    assert TextRenderer().lines(chunk) == [] and TextRenderer().lines(pb.RunEvent(heartbeat=pb.Heartbeat())) == []
+    shown = TextRenderer(logs=True).lines(chunk)
+    assert shown[0].endswith("log minimal_launch") and [line.strip() for line in shown[1:]] == ["| INFO 1", "| INFO 2"]
+
+
+def test_a_request_line_is_the_same_in_slack_and_in_the_terminal() -> None:
+    result = pb.RequestResult(
+        attempt=1, http_status=200, finish_reason="stop", prompt_tokens=12, completion_tokens=48, max_tokens=64,
+        latency_s=0.5, gpu_memory_before_mib=1000, gpu_memory_after_mib=1200, warnings=["WARNING guided_json ignored"],
+    )  # fmt: skip
+    view = RunView("r1", "cluster-a", "gpu-a1", "img", "U1", stage="single_request")
+    view.apply(pb.RunEvent(request_result=result))
+    finished = pb.StageFinished(stage=pb.STAGE_SINGLE_REQUEST, status=pb.STAGE_STATUS_OK, summary="3/3 answered")
+    slack = text_lines(blocks.stage_result(view, finished).blocks)
+    printed = [line.split("] ", 1)[-1].strip() for line in TextRenderer().lines(pb.RunEvent(request_result=result))]
+    expected = (
+        "request #1: HTTP 200 · finish stop · 12 prompt → 48 completion tokens (max_tokens 64) · 0.50 s · "
+        "GPU memory 1,000 → 1,200 MiB · 1 warning(s)"
+    )
+    assert printed == [expected, "warning: WARNING guided_json ignored"]
+    assert slack[1:] == [f"| {expected}", "|   warning: WARNING guided_json ignored"]
