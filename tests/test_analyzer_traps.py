@@ -338,3 +338,14 @@ def test_new_launch_in_the_same_log_resets_the_phase() -> None:
     result = analyze_text("\n".join(lines))
     assert result.first_error is not None
     assert result.first_error.phase == "gpu_detect"
+
+
+def test_a_kernel_fault_while_serving_points_at_the_kernel_not_at_the_request() -> None:
+    log = (
+        "(APIServer pid=1) INFO:     Application startup complete.\n"
+        "(Worker_TP0 pid=9) ERROR 05-12 02:50:01 [multiproc_executor.py:941] "
+        "torch.AcceleratorError: CUDA error: an illegal memory access was encountered\n"
+    )
+    error = analyze_text(log).first_error
+    assert error is not None and (error.phase, error.category) == ("request", "request_error")
+    assert "CUDA_LAUNCH_BLOCKING=1" in error.hint and "--max-model-len" not in error.hint

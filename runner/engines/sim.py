@@ -43,10 +43,10 @@ class ScenarioNvml:
         except ConfigError as exc:
             return NvmlView(available=False, error=f"NVML init failed: {exc}")
         foreign = host.foreign_memory_mib
-        self.engines = [e for e in self.engines if e.engine.returncode is None]
+        alive = [e for e in self.engines if e.engine.returncode is None]  # read in a worker thread: no writes
         held = [
             GpuProcess(e.engine.pid, index, int(host.gpu_memory_mib * e.utilization), "python3")
-            for e in self.engines
+            for e in alive
             for index in range(min(e.gpus, host.gpu_count))
         ]
         gpus = tuple(
@@ -86,7 +86,9 @@ class SimBackend(ProcessBackend):
             settings = parse_settings(self.command(argv)[3:])  # read the way the simulator reads it
         except UsageError:
             return engine  # refused: the simulator exits at once and holds nothing
-        self._nvml.engines.append(SimEngine(engine, settings.tensor_parallel_size, settings.gpu_memory_utilization))
+        alive = [e for e in self._nvml.engines if e.engine.returncode is None]
+        held = SimEngine(engine, settings.tensor_parallel_size, settings.gpu_memory_utilization)
+        self._nvml.engines = [*alive, held]  # one assignment: a concurrent read sees the old list or the new
         return engine
 
     def probe_target(self, argv: list[str], image: str) -> PythonTarget:
