@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner.sim.scenario import scenario_path
+from runner.sim.catalog import catalog
+from runner.sim.scenario import load_scenario, scenario_path
 from runner.toml_reader import ConfigError, TomlReader, read_toml
 
 BACKENDS = ("docker", "process", "sim")
@@ -92,6 +93,7 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
     scenario = sim_reader.text("scenario", "")
     if scenario:
         scenario = str(scenario_path(scenario, base))
+        load_scenario(scenario, catalog().phases())  # a broken scenario is refused now, not at every launch
     defaults = EngineConfig()
     engine = EngineConfig(
         backend=backend,

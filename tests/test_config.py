@@ -40,11 +40,16 @@ def test_runner_config_resolves_paths_next_to_the_file(tmp_path: Path) -> None:
             'name = "r"\ncluster = "a"\nallowed_images = ["x"]\n[engine.sim]\nscenario = "nope"\n',
             "no sim scenario 'nope': give a scenario file or one of .*demo.*healthy",
         ),
+        (  # a scenario file next to runner.toml, refused at load for what is wrong in it
+            'name = "r"\ncluster = "a"\nallowed_images = ["x"]\n[engine.sim]\nscenario = "broken.toml"\n',
+            r"broken.toml: \[deployment\]: missing key 'command'",
+        ),
     ],
 )
 def test_bad_runner_configs_name_the_problem(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "runner.toml"
     path.write_text(text)
+    (tmp_path / "broken.toml").write_text('[host]\ngpu_count = 8\n')
     with pytest.raises(ConfigError, match=message):
         load_runner_config(path)
 
