@@ -49,7 +49,7 @@ def test_runner_config_resolves_paths_next_to_the_file(tmp_path: Path) -> None:
 def test_bad_runner_configs_name_the_problem(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "runner.toml"
     path.write_text(text)
-    (tmp_path / "broken.toml").write_text('[host]\ngpu_count = 8\n')
+    (tmp_path / "broken.toml").write_text("[host]\ngpu_count = 8\n")
     with pytest.raises(ConfigError, match=message):
         load_runner_config(path)
 

@@ -11,36 +11,26 @@ key; unknown keys are refused, and only [deployment].command is required.
 from __future__ import annotations
 
 import json
-import operator
 import random
 import re
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from types import UnionType
 from typing import Any, TypeVar, get_args, get_type_hints
 
+from runner.sim.conditions import REQUEST_CONDITIONS, When, number, split_condition
 from runner.sim.datafiles import load
 from runner.toml_reader import ConfigError, read_toml
-from runner.vllm_cli import FlagSpec, LaunchCommandError, ServeCommand, flag_table, parse_launch_command
+from runner.vllm_cli import FlagSpec, LaunchCommandError, flag_table, parse_launch_command
 
 PHASES = ("gpu_detect", "weight_load", "engine_init", "api_listen", "request")
 STARTUP_PHASES = PHASES[:-1]
 EFFECTS = ("crash", "hang", "error_response")
-REQUEST_CONDITIONS = ("prompt_tokens_min", "repeated_prefix", "tools", "concurrency_min")
 _MIB_PER_GIB = 1024
 _CATALOG_KEY = re.compile(r"[a-z0-9_]+")  # an error written like a catalog key is one (a typo is refused)
-_CONDITION = re.compile(r"\s*(>=|<=|!=|==|>|<)?\s*(.*?)\s*")
-_COMPARE: dict[str, Callable[[Any, Any], bool]] = {
-    ">=": operator.ge,
-    "<=": operator.le,
-    "!=": operator.ne,
-    "==": operator.eq,
-    ">": operator.gt,
-    "<": operator.lt,
-}
 
 
 @dataclass(frozen=True)
@@ -112,48 +102,6 @@ class Timings:
     decode_tokens_per_s: float
     engine_death_exit: float
     stats_interval: float
-
-
-@dataclass(frozen=True)
-class RequestView:
-    """What a request-phase condition can see of a request when the engine schedules it."""
-
-    prompt_tokens: int
-    repeated_prefix: bool  # its first KV block was the first block of an earlier request on this server
-    tools: bool
-    concurrency: int  # requests in the engine at that moment, this one included
-
-
-@dataclass(frozen=True)
-class When:
-    """Conditions of a fault; all given ones must hold."""
-
-    flags_present: tuple[str, ...] = ()
-    flags_absent: tuple[str, ...] = ()
-    flag_values: tuple[tuple[str, str], ...] = ()  # (flag, "[op]value"), op one of > >= < <= == != (default ==)
-    prompt_tokens_min: int | None = None
-    repeated_prefix: bool | None = None
-    tools: bool | None = None
-    concurrency_min: int | None = None
-    driver_below: str | None = None
-    foreign_memory: bool | None = None
-
-    def launch_matches(self, command: ServeCommand, host: Host) -> bool:
-        return (
-            all(_present(command, flag) for flag in self.flags_present)
-            and not any(_present(command, flag) for flag in self.flags_absent)
-            and all(_value_holds(command, flag, condition) for flag, condition in self.flag_values)
-            and (self.driver_below is None or _version(host.driver_version) < _version(self.driver_below))
-            and (self.foreign_memory is None or (host.foreign_memory_mib > 0) == self.foreign_memory)
-        )
-
-    def request_matches(self, request: RequestView) -> bool:
-        return (
-            (self.prompt_tokens_min is None or request.prompt_tokens >= self.prompt_tokens_min)
-            and (self.repeated_prefix is None or request.repeated_prefix == self.repeated_prefix)
-            and (self.tools is None or request.tools == self.tools)
-            and (self.concurrency_min is None or request.concurrency >= self.concurrency_min)
-        )
 
 
 @dataclass(frozen=True)
@@ -388,8 +336,8 @@ def _when(raw: Any, phase: str, where: str) -> When:
     for flag, condition in when.flag_values:
         if _flag_spec(flag, where).kind == "bool":
             raise ConfigError(f"{where}: flag_values: {flag} takes no value (use flags_present / flags_absent)")
-        op, operand = _split_condition(condition)
-        if op not in ("==", "!=") and _number(operand) is None:
+        op, operand = split_condition(condition)
+        if op not in ("==", "!=") and number(operand) is None:
             raise ConfigError(f"{where}: flag_values: {flag} = {condition!r} compares with {op}: give a number")
     if when.driver_below is not None and not re.fullmatch(r"\d+(\.\d+)*", when.driver_below):
         raise ConfigError(f"{where}: 'driver_below' must be a driver version like \"580\", got {when.driver_below!r}")
@@ -404,39 +352,3 @@ def _flag_spec(flag: str, where: str) -> FlagSpec:
         return flag_table().resolve(flag)[0]
     except (KeyError, LaunchCommandError):
         raise ConfigError(f"{where}: {flag!r} is not a vllm serve flag") from None
-
-
-def _present(command: ServeCommand, flag: str) -> bool:
-    """The launch gives the flag (a --no-/--disable- spelling: gives it switched off)."""
-    spec, wanted = flag_table().resolve(flag)
-    given = command.value(spec.name)
-    return given is not None if spec.kind != "bool" else given is wanted
-
-
-def _value_holds(command: ServeCommand, flag: str, condition: str) -> bool:
-    """The flag's value satisfies the condition; a flag the launch does not give satisfies none."""
-    given = command.value(flag_table().resolve(flag)[0].name)
-    if not isinstance(given, str):
-        return False
-    op, operand = _split_condition(condition)
-    left, right = _number(given), _number(operand)
-    if left is not None and right is not None:
-        return _COMPARE[op](left, right)
-    return _COMPARE[op](given, operand) if op in ("==", "!=") else False
-
-
-def _split_condition(condition: str) -> tuple[str, str]:
-    match = _CONDITION.fullmatch(condition)
-    assert match is not None  # every string matches: the operator is optional
-    return match.group(1) or "==", match.group(2)
-
-
-def _number(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split("."))
