@@ -47,9 +47,11 @@ class Coordinator:
         place: str = "",
         profile: str = "",
         image: str = "",
+        deployment_error: pb.FirstError | None = None,
     ) -> StartedRun:
         """Validates, dispatches and records a run; `follow` then streams it. `profile`/`image` override the
-        cluster's for this run (the runner still checks the image against its allowlist)."""
+        cluster's for this run (the runner still checks the image against its allowlist); `deployment_error`
+        is the first error of the failing deployment's own log, which freeze records."""
         try:
             cluster = self.config.cluster(cluster_name)
             parse_launch_command(list(cluster.launch_argv))
@@ -78,6 +80,7 @@ class Coordinator:
             profile=profile or cluster.profile,
             requested_by=requested_by,
             changes=[pb.Change(at=c["at"], what=c["what"], by=c["by"] or "") for c in changes],
+            deployment_error=deployment_error,
         )
         row = {
             "id": run_id,

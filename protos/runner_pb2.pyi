@@ -214,7 +214,7 @@ class Change(_message.Message):
     def __init__(self, at: _Optional[str] = ..., what: _Optional[str] = ..., by: _Optional[str] = ...) -> None: ...
 
 class StartRunRequest(_message.Message):
-    __slots__ = ("run_id", "cluster", "image", "launch_argv", "request", "profile", "requested_by", "changes", "rerun")
+    __slots__ = ("run_id", "cluster", "image", "launch_argv", "request", "profile", "requested_by", "changes", "rerun", "deployment_error")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
@@ -224,6 +224,7 @@ class StartRunRequest(_message.Message):
     REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
     CHANGES_FIELD_NUMBER: _ClassVar[int]
     RERUN_FIELD_NUMBER: _ClassVar[int]
+    DEPLOYMENT_ERROR_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     cluster: str
     image: str
@@ -233,7 +234,8 @@ class StartRunRequest(_message.Message):
     requested_by: str
     changes: _containers.RepeatedCompositeFieldContainer[Change]
     rerun: Rerun
-    def __init__(self, run_id: _Optional[str] = ..., cluster: _Optional[str] = ..., image: _Optional[str] = ..., launch_argv: _Optional[_Iterable[str]] = ..., request: _Optional[_Union[FixedRequest, _Mapping]] = ..., profile: _Optional[str] = ..., requested_by: _Optional[str] = ..., changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ..., rerun: _Optional[_Union[Rerun, _Mapping]] = ...) -> None: ...
+    deployment_error: FirstError
+    def __init__(self, run_id: _Optional[str] = ..., cluster: _Optional[str] = ..., image: _Optional[str] = ..., launch_argv: _Optional[_Iterable[str]] = ..., request: _Optional[_Union[FixedRequest, _Mapping]] = ..., profile: _Optional[str] = ..., requested_by: _Optional[str] = ..., changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ..., rerun: _Optional[_Union[Rerun, _Mapping]] = ..., deployment_error: _Optional[_Union[FirstError, _Mapping]] = ...) -> None: ...
 
 class Rerun(_message.Message):
     __slots__ = ("original_run_id", "bundle_sha256", "image_digest")

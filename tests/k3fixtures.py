@@ -91,9 +91,10 @@ def bot_config(
 
 
 async def run_to_end(
-    certs: DevCerts, tmp_path: Path, runner: dict[str, Any], image: str = "vllm/vllm-openai:kimi-k3"
+    certs: DevCerts, tmp_path: Path, runner: dict[str, Any], image: str = "vllm/vllm-openai:kimi-k3", **start: Any
 ) -> list[pb.RunEvent]:
-    """Starts a run on a fresh runner through the bot core and returns every event it streamed."""
+    """Starts a run on a fresh runner through the bot core (`start`: Coordinator.start's options) and returns
+    every event it streamed."""
     async with running_runner(runner) as daemon:
         config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"], image=image)
         store = AsyncStore(config.store)
@@ -103,7 +104,7 @@ async def run_to_end(
             events.append(event)
 
         core = Coordinator(config, store)
-        await core.follow(await core.start("cluster-a", "U1"), keep)
+        await core.follow(await core.start("cluster-a", "U1", **start), keep)
         store.close()
     return events
 

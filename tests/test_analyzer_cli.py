@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.cli import main
 from bot.commands import analyze
 
 ROOT = "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)"
@@ -112,3 +113,21 @@ def test_oversized_input(tmp_path: Path, capsys: pytest.CaptureFixture[str], mon
     big = tmp_path / "big.log"
     big.write_text("INFO 01-01 00:00:00 [x.py:1] ok\n" * 70_000)
     assert "larger than 1 MiB" in refused(str(big), capsys)
+
+
+def test_start_with_a_log_that_cannot_be_used_is_one_line_and_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "k3repro.toml"
+    config.write_text('store = "k3.db"\n[clusters]\n')
+    healthy = tmp_path / "healthy.log"
+    healthy.write_text("(APIServer pid=1) INFO 05-12 02:46:01 [api_server.py:1] Application startup complete.\n")
+    cases = [
+        (tmp_path / "missing.log", "missing.log: No such file or directory"),
+        (healthy, "healthy.log: the log shows no error to reproduce; nothing was started"),
+    ]
+    for log, message in cases:
+        assert main(["--config", str(config), "start", "cluster-a", "--log", str(log)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.strip().endswith(message), err
+    assert not (tmp_path / "k3.db").exists()  # nothing was recorded

@@ -17,7 +17,9 @@ from runner.fingerprint.document import MAX_BYTES, seal
 from runner.nvml import GpuInfo, NvmlView, PynvmlSource
 
 HF = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz012345"
-CONTRACT = {"schema", "captured_at", "host", "nvml", "image", "runtime", "env", "launch", "changes", "sha256"}
+CONTRACT = {
+    "schema", "captured_at", "host", "nvml", "image", "runtime", "env", "launch", "changes", "deployment_error", "sha256",
+}  # fmt: skip
 
 
 class FakeNvml:

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from bot.report import run_report
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
+from runner.analyzer import analyze_text
+from runner.analyzer.messages import first_error_message
 from runner.tls import DevCerts
 from tests.k3fixtures import run_to_end, runner_data
 
 HOLDS, FAILS = pb.CHECKLIST_STATE_HOLDS, pb.CHECKLIST_STATE_FAILS
 
 
-async def _run(certs: DevCerts, tmp_path: Path, scenario: str) -> list[pb.RunEvent]:
-    return await run_to_end(certs, tmp_path, runner_data(certs, tmp_path / "runner", scenario=scenario, speed=500))
+async def _run(certs: DevCerts, tmp_path: Path, scenario: str, **start: Any) -> list[pb.RunEvent]:
+    runner = runner_data(certs, tmp_path / "runner", scenario=scenario, speed=500)
+    return await run_to_end(certs, tmp_path, runner, **start)
 
 
 def _ladder(events: list[pb.RunEvent]) -> list[tuple[str, str, bool]]:
@@ -141,3 +148,34 @@ async def test_a_cuda_graph_capture_failure_gets_one_enforce_eager_diagnostic(ce
     assert launch.status == pb.STAGE_STATUS_FAILED and launch.summary.endswith(verdict)
     assert "minimal_launch/enforce-eager" in {e.log_chunk.source for e in events if e.HasField("log_chunk")}
     assert _finished(events).launches == 3  # the failure, the diagnostic, the repeat
+
+
+DEPLOYMENT_LOG = (  # what `kubectl logs` of the failing deployment showed: NCCL fails while ranks start
+    "(APIServer pid=1) INFO 05-12 02:46:01 [api_server.py:1] vLLM API server version 0.33.0\n"
+    "(Worker_TP3 pid=9) ERROR 05-12 02:46:33 [multiproc_executor.py:862] WorkerProc failed to start.\n"
+    "(Worker_TP3 pid=9) ERROR 05-12 02:46:33 [multiproc_executor.py:862] RuntimeError: NCCL error: unhandled "
+    "system error (run with NCCL_DEBUG=INFO for details)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("scenario", "compared"),
+    [
+        ("demo", "the deployment's failure is reproduced: gpu_detect [nccl_comm], as in its log"),
+        (
+            "leftover-process",
+            "the deployment's log fails in gpu_detect [nccl_comm], this run first in gpu_detect [oom]: "
+            "a different failure, a candidate",
+        ),
+    ],
+)
+async def test_the_deployments_own_log_is_frozen_and_compared_with_what_the_run_met(
+    certs: DevCerts, tmp_path: Path, scenario: str, compared: str
+) -> None:
+    finding = analyze_text(DEPLOYMENT_LOG).first_error
+    assert finding is not None
+    events = await _run(certs, tmp_path, scenario, deployment_error=first_error_message(finding))
+    scene = json.loads(next(e.artifact.content for e in events if e.artifact.name == "fingerprint"))
+    assert scene["deployment_error"]["phase"] == "gpu_detect" and "NCCL error" in scene["deployment_error"]["line"]
+    assert _stage(events, pb.STAGE_FREEZE).summary.endswith("the deployment failed in gpu_detect [nccl_comm]")
+    assert _finished(events).reasons[-1] == compared

@@ -74,6 +74,7 @@ def collect(
     changes: Sequence[Change] = (),
     environ: Mapping[str, str] | None = None,
     redact: Redactor | None = None,
+    deployment_error: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The sealed fingerprint of this host and `target`; every part that cannot be read says why."""
     redact = redact or redactor()
@@ -95,6 +96,8 @@ def collect(
         "env": relevant_env(os.environ if environ is None else environ, redact),
         "launch": {"argv": redact.argv(list(argv))},
         "changes": [{"at": c.at, "what": redact.line(c.what), "by": c.by} for c in changes],
+        # the first error in the failing deployment's own log, when one was given
+        "deployment_error": {k: redact.line(v) for k, v in deployment_error.items()} if deployment_error else None,
     }
     return seal(document)
 

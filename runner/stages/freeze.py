@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from protos import runner_pb2 as pb
+from protos.vocab import to_id
 from runner.engines.sim import SimBackend
 from runner.fingerprint import Change, collect
 from runner.stages.context import RunContext, StageResult
@@ -18,7 +19,10 @@ async def run(ctx: RunContext) -> StageResult:
     argv = ctx.command.argv()
     target = ctx.backend.probe_target(argv, ctx.request.image)
     changes = [Change(c.at, c.what, c.by) for c in ctx.request.changes]
-    scene = await asyncio.to_thread(collect, ctx.backend.nvml, target, argv=argv, changes=changes)
+    failed = _deployment_error(ctx.request)
+    scene = await asyncio.to_thread(
+        collect, ctx.backend.nvml, target, argv=argv, changes=changes, deployment_error=failed
+    )
     ctx.fingerprint = scene
     await ctx.artifact("fingerprint", scene)
     if isinstance(ctx.backend, SimBackend) and ctx.backend.scenario:
@@ -41,11 +45,25 @@ async def run(ctx: RunContext) -> StageResult:
     pinned, evidence = _pinned(scene)
     await ctx.check(pb.CHECKLIST_ID_IMAGE_AND_VERSIONS_PINNED, HOLDS if pinned else PENDING, evidence)
     host = scene["host"]
+    deployment = f" · the deployment failed in {failed['phase']} [{failed['category']}]" if failed else ""
     return StageResult(
         pb.STAGE_STATUS_OK,
         f"{host['hostname']} · {host['os']} · kernel {host['kernel']} · {driver} · {_loads(runtime)} · "
-        f"image {ctx.request.image} · sha256 {scene['sha256'][:12]}",
+        f"image {ctx.request.image} · sha256 {scene['sha256'][:12]}{deployment}",
     )
+
+
+def _deployment_error(request: pb.StartRunRequest) -> dict[str, str] | None:
+    """The failing deployment's first error, from its own log (when the run was started with one)."""
+    if not request.HasField("deployment_error"):
+        return None
+    error = request.deployment_error
+    return {
+        "phase": to_id(pb.Phase, error.phase),
+        "category": to_id(pb.ErrorCategory, error.category),
+        "line": error.line,
+        "signature": error.signature,
+    }
 
 
 def _loads(runtime: dict[str, Any]) -> str:

@@ -11,6 +11,7 @@ from dataclasses import replace
 from protos import runner_pb2 as pb
 from protos.vocab import from_id
 from runner.analyzer import ErrorFinding, PhaseFinding, Stall, StreamAnalyzer
+from runner.analyzer.messages import first_error_message
 from runner.engines import RunningEngine
 from runner.redact import redactor
 from runner.stages.context import Emit
@@ -108,15 +109,3 @@ class LogFollower:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-
-
-def first_error_message(finding: ErrorFinding) -> pb.FirstError:
-    return pb.FirstError(
-        phase=from_id(pb.Phase, finding.phase),
-        category=from_id(pb.ErrorCategory, finding.category),
-        line=finding.line,
-        context=list(finding.context),
-        secondary_oom=finding.secondary_oom,
-        signature=finding.signature,
-        hint=finding.hint,
-    )

@@ -22,6 +22,8 @@ async def run(ctx: RunContext) -> StageResult:
     await _revertible(ctx)
     await _repeated(ctx)
     ctx.decision, ctx.reasons = decide(ctx)
+    if compared := against_deployment(ctx):
+        ctx.reasons.append(compared)
     return StageResult(pb.STAGE_STATUS_OK, f"{to_id(pb.Decision, ctx.decision)}: {ctx.reasons[0]}")
 
 
@@ -41,6 +43,23 @@ def decide(ctx: RunContext) -> tuple[pb.Decision, list[str]]:
     if ctx.steps and not ctx.attempts:
         reasons.insert(0, "the failure did not reproduce on this runner: every stage and ladder step held")
     return pb.DECISION_CONTINUE, reasons
+
+
+def against_deployment(ctx: RunContext) -> str:
+    """Whether this run met the failure the deployment's own log shows ("" when no log was given)."""
+    if not ctx.request.HasField("deployment_error"):
+        return ""
+    wanted = ctx.request.deployment_error
+    where = f"{to_id(pb.Phase, wanted.phase)} [{to_id(pb.ErrorCategory, wanted.category)}]"
+    found = next((a for a in ctx.attempts if a.phase), None) or next((s.failure for s in ctx.steps if s.failure), None)
+    if found is None:
+        return f"the deployment's log fails in {where}; this run met no failure"
+    if (found.phase, found.category) == (to_id(pb.Phase, wanted.phase), to_id(pb.ErrorCategory, wanted.category)):
+        return f"the deployment's failure is reproduced: {where}, as in its log"
+    return (
+        f"the deployment's log fails in {where}, this run first in {found.phase} [{found.category}]: "
+        "a different failure, a candidate"
+    )
 
 
 def _state(ctx: RunContext, item: str) -> pb.ChecklistState:
