@@ -55,6 +55,7 @@ class RunnerConfig:
     max_concurrent_runs: int = 1
     heartbeat_s: float = 5.0
     baseline_dirs: tuple[Path, ...] = ()  # site baseline profiles (<name>.toml), before the shipped ones
+    request_bodies: str = "text"  # how the scene records the fixed request's body: "text" (redacted) or "hash"
     tls: TlsFiles | None = None
     engine: EngineConfig = field(default_factory=EngineConfig)
 
@@ -122,9 +123,12 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
         max_concurrent_runs=int(reader.number("max_concurrent_runs", 1)),
         heartbeat_s=reader.number("heartbeat_s", 5.0),
         baseline_dirs=tuple(base / d for d in reader.texts("baseline_dirs")),
+        request_bodies=reader.text("request_bodies", "text"),
         tls=tls,
         engine=engine,
     )
+    if config.request_bodies not in ("text", "hash"):
+        raise ConfigError(f'{origin}: request_bodies must be "text" or "hash", got {config.request_bodies!r}')
     if not config.allowed_images:
         raise ConfigError(f"{origin}: allowed_images is empty; list the image patterns this runner may launch")
     return config

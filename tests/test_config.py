@@ -40,6 +40,10 @@ def test_runner_config_resolves_paths_next_to_the_file(tmp_path: Path) -> None:
             'name = "r"\ncluster = "a"\nallowed_images = ["x"]\n[engine.sim]\nscenario = "nope"\n',
             "no sim scenario 'nope': give a scenario file or one of .*demo.*healthy",
         ),
+        (
+            'name = "r"\ncluster = "a"\nallowed_images = ["x"]\nrequest_bodies = "maybe"\n',
+            'request_bodies must be "text" or "hash", got \'maybe\'',
+        ),
         (  # a scenario file next to runner.toml, refused at load for what is wrong in it
             'name = "r"\ncluster = "a"\nallowed_images = ["x"]\n[engine.sim]\nscenario = "broken.toml"\n',
             r"broken.toml: \[deployment\]: missing key 'command'",

@@ -18,7 +18,8 @@ from runner.nvml import GpuInfo, NvmlView, PynvmlSource
 
 HF = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz012345"
 CONTRACT = {
-    "schema", "captured_at", "host", "nvml", "image", "runtime", "env", "launch", "changes", "deployment_error", "sha256",
+    "schema", "captured_at", "host", "nvml", "image", "runtime", "env", "launch", "request", "changes",
+    "deployment_error", "sha256",
 }  # fmt: skip
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -179,3 +180,22 @@ async def test_the_deployments_own_log_is_frozen_and_compared_with_what_the_run_
     assert scene["deployment_error"]["phase"] == "gpu_detect" and "NCCL error" in scene["deployment_error"]["line"]
     assert _stage(events, pb.STAGE_FREEZE).summary.endswith("the deployment failed in gpu_detect [nccl_comm]")
     assert _finished(events).reasons[-1] == compared
+
+
+@pytest.mark.parametrize("bodies", ["text", "hash"])
+async def test_freeze_records_the_fixed_request_or_only_its_digest(
+    certs: DevCerts, tmp_path: Path, bodies: str
+) -> None:
+    runner = runner_data(certs, tmp_path / "runner", scenario="demo", speed=500, request_bodies=bodies)
+    events = await run_to_end(certs, tmp_path, runner)
+    scene = json.loads(next(e.artifact.content for e in events if e.artifact.name == "fingerprint"))
+    request = scene["request"]
+    # the cluster's fixed request (tests/k3fixtures.py), with the model the runner fills in
+    sent = json.dumps(
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16, "model": "moonshotai/Kimi-K3"},
+        sort_keys=True,
+    )
+    assert (request["api"], request["repeats"]) == ("chat", 3)
+    assert request["body_sha256"] == hashlib.sha256(sent.encode()).hexdigest()
+    assert request["body"] == (sent if bodies == "text" else None)
+    assert ('"content": "hi"' in json.dumps(scene).replace('\\"', '"')) is (bodies == "text")  # nowhere else

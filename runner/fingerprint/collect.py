@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import socket
@@ -33,6 +34,21 @@ class PythonTarget:
 
 
 Target = ImageTarget | PythonTarget
+
+
+@dataclass(frozen=True)
+class FixedRequest:
+    """The request the run sends; `hashed` keeps only its digest in the scene (prompts can be confidential)."""
+
+    api: str
+    body_json: str
+    repeats: int
+    hashed: bool = False
+
+    def section(self, redact: Redactor) -> dict[str, Any]:
+        digest = hashlib.sha256(self.body_json.encode()).hexdigest()
+        body = None if self.hashed else redact.line(self.body_json)
+        return {"api": self.api, "repeats": self.repeats, "body_sha256": digest, "body": body}
 
 
 @dataclass(frozen=True)
@@ -75,6 +91,7 @@ def collect(
     environ: Mapping[str, str] | None = None,
     redact: Redactor | None = None,
     deployment_error: Mapping[str, str] | None = None,
+    request: FixedRequest | None = None,
 ) -> dict[str, Any]:
     """The sealed fingerprint of this host and `target`; every part that cannot be read says why."""
     redact = redact or redactor()
@@ -95,6 +112,7 @@ def collect(
         "runtime": runtime,
         "env": relevant_env(os.environ if environ is None else environ, redact),
         "launch": {"argv": redact.argv(list(argv))},
+        "request": request.section(redact) if request else None,
         "changes": [{"at": c.at, "what": redact.line(c.what), "by": c.by} for c in changes],
         # the first error in the failing deployment's own log, when one was given
         "deployment_error": {k: redact.line(v) for k, v in deployment_error.items()} if deployment_error else None,

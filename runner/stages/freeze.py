@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
 from runner.engines.sim import SimBackend
-from runner.fingerprint import Change, collect
+from runner.fingerprint import Change, FixedRequest, collect
 from runner.stages.context import RunContext, StageResult
+from runner.stages.requests import api, fixed_body
+from runner.stages.single_request import DEFAULT_REPEATS
 
 HOLDS, PENDING = pb.CHECKLIST_STATE_HOLDS, pb.CHECKLIST_STATE_PENDING
 
@@ -20,8 +23,12 @@ async def run(ctx: RunContext) -> StageResult:
     target = ctx.backend.probe_target(argv, ctx.request.image)
     changes = [Change(c.at, c.what, c.by) for c in ctx.request.changes]
     failed = _deployment_error(ctx.request)
+    body = json.dumps(fixed_body(ctx), sort_keys=True)  # what the run sends, as it sends it
+    request = FixedRequest(
+        api(ctx), body, ctx.request.request.repeats or DEFAULT_REPEATS, hashed=ctx.config.request_bodies == "hash"
+    )
     scene = await asyncio.to_thread(
-        collect, ctx.backend.nvml, target, argv=argv, changes=changes, deployment_error=failed
+        collect, ctx.backend.nvml, target, argv=argv, changes=changes, deployment_error=failed, request=request
     )
     ctx.fingerprint = scene
     await ctx.artifact("fingerprint", scene)
