@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from pathlib import Path
@@ -9,13 +10,16 @@ from typing import Any
 
 import pytest
 
+from bot.coordinator import Coordinator
 from bot.report import run_report
+from bot.store import AsyncStore
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
 from runner.analyzer import analyze_text
 from runner.analyzer.messages import first_error_message
+from runner.sim.scenario import scenario_path
 from runner.tls import DevCerts
-from tests.k3fixtures import run_to_end, runner_data
+from tests.k3fixtures import bot_config, run_to_end, runner_data, running_runner
 
 HOLDS, FAILS = pb.CHECKLIST_STATE_HOLDS, pb.CHECKLIST_STATE_FAILS
 
@@ -199,3 +203,26 @@ async def test_freeze_records_the_fixed_request_or_only_its_digest(
     assert request["body_sha256"] == hashlib.sha256(sent.encode()).hexdigest()
     assert request["body"] == (sent if bodies == "text" else None)
     assert ('"content": "hi"' in json.dumps(scene).replace('\\"', '"')) is (bodies == "text")  # nowhere else
+
+
+async def test_a_driver_upgraded_under_a_run_makes_it_isolate(certs: DevCerts, tmp_path: Path) -> None:
+    scenario = tmp_path / "host.toml"
+    scenario.write_text(scenario_path("demo").read_text())
+    upgraded = asyncio.Event()
+
+    async def upgrade_after_the_first_failure(event: pb.RunEvent) -> None:
+        if event.HasField("first_error") and not upgraded.is_set():  # node automation updates the driver
+            scenario.write_text(
+                scenario.read_text().replace('driver_version = "580.65.06"', 'driver_version = "580.82.07"')
+            )
+            upgraded.set()
+
+    runner = runner_data(certs, tmp_path / "runner", scenario=str(scenario), speed=500)
+    async with running_runner(runner) as daemon:
+        config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"])
+        store = AsyncStore(config.store)
+        core = Coordinator(config, store)
+        finished = await core.follow(await core.start("cluster-a", "U1"), upgrade_after_the_first_failure)
+        store.close()
+    assert upgraded.is_set() and finished.decision == pb.DECISION_ISOLATE
+    assert "the NVIDIA driver changed during the run (580.65.06 → 580.82.07)" in finished.reasons[0]

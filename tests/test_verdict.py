@@ -52,6 +52,15 @@ def test_gpu_memory_holders_that_come_and_go_mean_isolate(tmp_path: Path) -> Non
     assert "GPU state changed under us" in reasons[0] and "launch 2: pid 4242" in reasons[0]
 
 
+def test_a_driver_that_changes_during_the_run_means_isolate(tmp_path: Path) -> None:
+    ctx = _context(tmp_path, drivers=["580.65.06", "580.65.06", "580.82.07"])
+    assert decide(ctx) == (
+        pb.DECISION_ISOLATE,
+        ["the NVIDIA driver changed during the run (580.65.06 → 580.82.07): it cannot be pinned here"],
+    )
+    assert decide(_context(tmp_path, drivers=["580.65.06", "580.65.06"]))[0] == pb.DECISION_CONTINUE
+
+
 def test_an_image_without_a_registry_digest_means_isolate(tmp_path: Path) -> None:
     ctx = _context(
         tmp_path, fingerprint={"image": {"ref": "vllm/vllm-openai:kimi-k3", "id": "sha256:1", "repo_digests": []}}

@@ -36,6 +36,8 @@ async def run(ctx: RunContext) -> StageResult:
         # The simulated host is part of the scene: a frozen bundle of a sim run carries it.
         await ctx.artifact("sim_scenario", await asyncio.to_thread(Path(ctx.backend.scenario).read_text))
     nvml, runtime = scene["nvml"], scene["runtime"]
+    if nvml["available"] and nvml["driver_version"]:
+        ctx.drivers.append(nvml["driver_version"])
     if nvml["available"]:
         driver = f"driver {nvml['driver_version']} (CUDA {nvml['cuda_driver_version']}), {nvml['gpu_count']} GPU(s)"
         await ctx.check(pb.CHECKLIST_ID_HOST_DRIVER_RECORDED, HOLDS, driver)

@@ -85,6 +85,8 @@ async def _guard_gpu_memory(ctx: RunContext) -> None:
         if not processes or time.monotonic() >= deadline:
             break
         await asyncio.sleep(DRAIN_POLL_S)
+    if view.available and view.driver_version:
+        ctx.drivers.append(view.driver_version)
     per_pid: dict[int, list[int]] = {}
     for process in processes:
         per_pid.setdefault(process.pid, []).append(process.used_memory_mib)

@@ -75,6 +75,9 @@ def _instability(ctx: RunContext) -> list[str]:
             for n, pids in enumerate(ctx.holders, 1)
         )
         reasons.append(f"GPU state changed under us: other processes holding GPU memory came and went ({seen})")
+    drivers = list(dict.fromkeys(ctx.drivers))
+    if len(drivers) > 1:
+        reasons.append(f"the NVIDIA driver changed during the run ({' → '.join(drivers)}): it cannot be pinned here")
     failed = [a for a in ctx.attempts if a.phase and not a.foreign]
     phases = list(dict.fromkeys(a.phase for a in failed))
     if len(phases) > 1:
