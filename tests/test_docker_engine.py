@@ -16,14 +16,16 @@ from typing import Any
 import pytest
 
 from bot.config import ClientTls
+from bot.coordinator import Coordinator
 from bot.runner_client import open_channel
+from bot.store import AsyncStore
 from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
 from runner.engines.docker import RUN_LABEL
 from runner.ports import free_port
 from runner.tls import DevCerts
 from tests.dockerd import BUSYBOX, Dockerd
-from tests.k3fixtures import run_to_end, runner_data, running_runner
+from tests.k3fixtures import bot_config, run_to_end, runner_data, running_runner
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_IMAGE = "k3repro/vllm-sim:test"
@@ -33,6 +35,12 @@ VLLM = '#!/bin/sh\n[ "$1" = serve ] && shift\nexec "$K3REPRO_SIM_PYTHON" -m runn
 
 @pytest.fixture(scope="module")
 def sim_image(dockerd: Dockerd) -> str:
+    _import_sim_image(dockerd, SIM_IMAGE)
+    return SIM_IMAGE
+
+
+def _import_sim_image(dockerd: Dockerd, ref: str, *labels: str) -> None:
+    """busybox plus vllm-sim as its `vllm`, imported as `ref` (labels make another image of the same files)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         tar.add(str(BUSYBOX), "bin/busybox")
@@ -45,11 +53,9 @@ def sim_image(dockerd: Dockerd) -> str:
                 data = VLLM.encode()
                 info.size, info.mode = len(data), 0o755
                 tar.addfile(info, io.BytesIO(data))
-    repository, tag = SIM_IMAGE.split(":")
-    dockerd.client.api.import_image_from_data(
-        buffer.getvalue(), repository=repository, tag=tag, changes=['ENTRYPOINT ["vllm", "serve"]']
-    )
-    return SIM_IMAGE
+    repository, tag = ref.split(":")
+    changes = ['ENTRYPOINT ["vllm", "serve"]', *(f"LABEL {label}" for label in labels)]
+    dockerd.client.api.import_image_from_data(buffer.getvalue(), repository=repository, tag=tag, changes=changes)
 
 
 def _docker_engine(scenario: str, *, gpus: bool) -> dict[str, Any]:
@@ -192,3 +198,31 @@ async def test_cancel_removes_the_container(
         assert _labelled(docker_env) == []
         last = list(daemon.journal.events("r-cancel", 0))[-1]
     assert last.run_finished.status == pb.RUN_STATUS_CANCELLED
+
+
+async def test_an_image_tag_that_moves_between_launches_makes_the_run_isolate(
+    docker_env: Dockerd, sim_image: str, certs: DevCerts, tmp_path: Path
+) -> None:
+    moving = "k3repro/vllm-sim:moving"
+    docker_env.client.images.get(sim_image).tag(moving)
+    before = docker_env.client.images.get(moving).id
+    moved = asyncio.Event()
+
+    async def repush_after_the_first_failure(event: pb.RunEvent) -> None:
+        if event.HasField("first_error") and not moved.is_set():  # someone pushes a new build under the tag
+            await asyncio.to_thread(_import_sim_image, docker_env, moving, "build=2")
+            moved.set()
+
+    engine = {**_docker_engine("demo", gpus=False), "failure_attempts": 2}
+    data = runner_data(certs, tmp_path / "runner", allowed_images=["k3repro/vllm-sim:*"], engine=engine)
+    async with running_runner(data) as daemon:
+        config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"], image=moving)
+        store = AsyncStore(config.store)
+        core = Coordinator(config, store)
+        finished = await core.follow(await core.start("cluster-a", "U1"), repush_after_the_first_failure)
+        store.close()
+    after = docker_env.client.images.get(moving).id
+    assert moved.is_set() and after != before and finished.decision == pb.DECISION_ISOLATE
+    moved_reason = next(r for r in finished.reasons if "moved during the run" in r)
+    assert moved_reason.startswith(f"image {moving} moved during the run ({before[7:19]} → {after[7:19]})")
+    assert _labelled(docker_env) == []

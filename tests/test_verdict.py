@@ -61,6 +61,17 @@ def test_a_driver_that_changes_during_the_run_means_isolate(tmp_path: Path) -> N
     assert decide(_context(tmp_path, drivers=["580.65.06", "580.65.06"]))[0] == pb.DECISION_CONTINUE
 
 
+def test_an_image_that_moves_during_the_run_means_isolate(tmp_path: Path) -> None:
+    ctx = _context(tmp_path, images=["sha256:" + "a" * 64, "sha256:" + "a" * 64, "sha256:" + "b" * 64])
+    ctx.request.image = "vllm/vllm-openai:kimi-k3"
+    decision, reasons = decide(ctx)
+    assert decision == pb.DECISION_ISOLATE
+    assert reasons == [
+        f"image vllm/vllm-openai:kimi-k3 moved during the run ({'a' * 12} → {'b' * 12}): what failed cannot be "
+        "rolled back to"
+    ]
+
+
 def test_an_image_without_a_registry_digest_means_isolate(tmp_path: Path) -> None:
     ctx = _context(
         tmp_path, fingerprint={"image": {"ref": "vllm/vllm-openai:kimi-k3", "id": "sha256:1", "repo_digests": []}}

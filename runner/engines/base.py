@@ -20,6 +20,11 @@ class RunningEngine(Protocol):
     @property
     def returncode(self) -> int | None: ...
 
+    @property
+    def image_id(self) -> str:
+        """The image the engine runs, by id ("" without a container): a tag can move between launches."""
+        ...
+
     def lines(self) -> AsyncIterator[LogLine]:
         """Every line the engine writes, both streams merged in arrival order, until both close."""
         ...

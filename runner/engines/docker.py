@@ -34,6 +34,10 @@ class DockerEngine:
     def returncode(self) -> int | None:
         return self._returncode
 
+    @property
+    def image_id(self) -> str:
+        return str(self._container.attrs.get("Image") or "") if self._container is not None else ""
+
     async def lines(self) -> AsyncIterator[LogLine]:
         if self._container is None:
             yield LogLine("stderr", f"docker: Error response from daemon: {self._refusal}")

@@ -35,6 +35,10 @@ class ProcessEngine:
     def returncode(self) -> int | None:
         return self._process.returncode
 
+    @property
+    def image_id(self) -> str:
+        return ""  # no container: the install on the host is what runs
+
     async def _pump(self, name: str, stream: asyncio.StreamReader | None) -> None:
         try:
             while stream is not None:

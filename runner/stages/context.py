@@ -63,6 +63,7 @@ class RunContext:
     holders: list[frozenset[int]] = field(default_factory=list)  # pids holding GPU memory before each launch
     holder_notes: dict[int, str] = field(default_factory=dict)  # pid -> "pid 4242 (python3) 40960 MiB on 8 GPUs"
     drivers: list[str] = field(default_factory=list)  # the NVIDIA driver NVML reported at freeze and before each launch
+    images: list[str] = field(default_factory=list)  # the image id the frozen tag resolved to, then each launch ran
     decision: pb.Decision = pb.DECISION_UNSPECIFIED  # set by verdict
     reasons: list[str] = field(default_factory=list)
 

@@ -38,6 +38,8 @@ async def run(ctx: RunContext) -> StageResult:
     nvml, runtime = scene["nvml"], scene["runtime"]
     if nvml["available"] and nvml["driver_version"]:
         ctx.drivers.append(nvml["driver_version"])
+    if scene["image"] and scene["image"].get("id"):
+        ctx.images.append(scene["image"]["id"])
     if nvml["available"]:
         driver = f"driver {nvml['driver_version']} (CUDA {nvml['cuda_driver_version']}), {nvml['gpu_count']} GPU(s)"
         await ctx.check(pb.CHECKLIST_ID_HOST_DRIVER_RECORDED, HOLDS, driver)

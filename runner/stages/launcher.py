@@ -61,6 +61,8 @@ async def launch(ctx: RunContext, command: ServeCommand, source: str) -> Launch:
     except asyncio.CancelledError:  # cancelled while the engine was starting: stop what it started, then go
         await (await starting).stop(ctx.config.engine.stop_grace_s)
         raise
+    if ctx.engine.image_id:
+        ctx.images.append(ctx.engine.image_id)
     ctx.follower = follower = LogFollower(ctx.engine, ctx.emit, source)
     ctx.base_url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
     ctx.running = command

@@ -78,6 +78,12 @@ def _instability(ctx: RunContext) -> list[str]:
     drivers = list(dict.fromkeys(ctx.drivers))
     if len(drivers) > 1:
         reasons.append(f"the NVIDIA driver changed during the run ({' → '.join(drivers)}): it cannot be pinned here")
+    images = list(dict.fromkeys(ctx.images))
+    if len(images) > 1:
+        moved = " → ".join(i.removeprefix("sha256:")[:12] for i in images)
+        reasons.append(
+            f"image {ctx.request.image} moved during the run ({moved}): what failed cannot be rolled back to"
+        )
     failed = [a for a in ctx.attempts if a.phase and not a.foreign]
     phases = list(dict.fromkeys(a.phase for a in failed))
     if len(phases) > 1:
