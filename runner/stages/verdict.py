@@ -50,11 +50,12 @@ def against_deployment(ctx: RunContext) -> str:
     if not ctx.request.HasField("deployment_error"):
         return ""
     wanted = ctx.request.deployment_error
-    where = f"{to_id(pb.Phase, wanted.phase)} [{to_id(pb.ErrorCategory, wanted.category)}]"
+    phase, category = to_id(pb.Phase, wanted.phase), to_id(pb.ErrorCategory, wanted.category)
+    where = f"{phase} [{category}]"
     found = next((a for a in ctx.attempts if a.phase), None) or next((s.failure for s in ctx.steps if s.failure), None)
     if found is None:
         return f"the deployment's log fails in {where}; this run met no failure"
-    if (found.phase, found.category) == (to_id(pb.Phase, wanted.phase), to_id(pb.ErrorCategory, wanted.category)):
+    if (found.phase, found.category) == (phase, category):
         return f"the deployment's failure is reproduced: {where}, as in its log"
     return (
         f"the deployment's log fails in {where}, this run first in {found.phase} [{found.category}]: "
