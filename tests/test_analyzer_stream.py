@@ -114,6 +114,7 @@ def test_stall_is_reported_with_phase_and_last_line() -> None:
     analyzer.feed(idle, at=80.0)  # vLLM's waiting message is not progress
     stall = analyzer.stalled(now=140.0, threshold_s=100.0)
     assert stall == Stall("weight_load", 120.0, idle)
+    assert analyzer.last_progress_line.endswith("Starting to load model m...")  # the waiting message is not one
     analyzer.feed("Loading safetensors checkpoint shards:  50% Completed | 1/2", at=141.0)
     assert analyzer.stalled(now=150.0, threshold_s=100.0) is None
 

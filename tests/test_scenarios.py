@@ -137,6 +137,23 @@ async def test_each_request_records_gpu_memory_and_the_warnings_logged_meanwhile
     )
 
 
+async def test_a_request_the_engine_never_answers_is_a_hang_found_at_its_ladder_step(tmp_path: Path) -> None:
+    scenario = tmp_path / "serving-hang.toml"
+    scenario.write_text(
+        '[deployment]\ncommand = "vllm serve org/model --max-model-len 8192 --enable-prefix-caching"\n'
+        '[[fault]]\neffect = "hang"\nerror = "rank0: NCCL watchdog: collective operation timeout is approaching"\n'
+        'when = { flags_present = ["--enable-prefix-caching"], repeated_prefix = true, prompt_tokens_min = 500 }\n'
+    )
+    report, _ = await _report(tmp_path / "run", scenario)
+    assert report["trigger_step"] == "prefix_caching"
+    assert report["ladder"][0] == {"step": "prefix_caching", "outcome": "comm_error", "relaunched": True}
+    first = report["first_error"]
+    assert (first["phase"], first["category"]) == ("request", "nccl_comm")
+    assert first["line"].startswith("hang: no progress in request for 3 s; last line: (EngineCore pid=")
+    assert first["line"].endswith("NCCL watchdog: collective operation timeout is approaching")
+    assert report["checklist"]["failure_repeated"] is True  # the trigger step hung again
+
+
 async def test_a_broken_scenario_file_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
     scenario = tmp_path / "broken.toml"
     scenario.write_text('[deployment]\ncommand = "vllm serve m --turbo"\n')

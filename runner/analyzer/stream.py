@@ -143,6 +143,7 @@ class StreamAnalyzer:
         self._last_progress_at = time.monotonic() if started_at is None else started_at
         self._last_line = ""
         self.last_level: str | None = None  # the log level of the line fed last (None: no log header)
+        self.last_progress_line = ""  # the last line that was not one of vLLM's waiting messages
         self._saw_idle = False
         self._rule_gate = self.rules.rule_gate
         self._rule_list = self.rules.rules
@@ -280,6 +281,7 @@ class StreamAnalyzer:
         self._line(ll, out)
         if not self._saw_idle:
             self._last_progress_at = time.monotonic() if at is None else at
+            self.last_progress_line = ll.display
         self._last_line = ll.display
         self.last_level = ll.level
         if self._open:

@@ -225,6 +225,7 @@ async def _request_failed(
     if follower is not None:
         await asyncio.wait([follower.first_error], timeout=ERROR_WAIT_S)
     error = follower.first_error.result() if follower is not None and follower.first_error.done() else None
+    error = error or await requests.hang_of(ctx, result)
     summary = result.error or f"HTTP {result.http_status}"
     if error is None:
         failure = Attempt("request", "request_error", f"http {result.http_status}", foreign=foreign_now(ctx))

@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 
 from protos import runner_pb2 as pb
+from runner.analyzer import ErrorFinding, Stall
 from runner.stages.context import RunContext
 
 DEFAULT_BODY: dict[str, Any] = {
@@ -133,3 +134,16 @@ async def get_text(http: aiohttp.ClientSession, url: str) -> str | None:
             return await response.text() if response.status == 200 else None
     except (aiohttp.ClientError, TimeoutError):
         return None
+
+
+async def hang_of(ctx: RunContext, result: pb.RequestResult) -> ErrorFinding | None:
+    """A request the server never answered within request_timeout_s is a hang, and the engine's finding (its
+    last line besides vLLM's waiting messages says what it waited for); None for any other failure."""
+    follower = ctx.follower
+    if result.http_status or not result.error.startswith("TimeoutError") or follower is None:
+        return None
+    if follower.first_error.done():
+        return None
+    stall = Stall("request", ctx.config.engine.request_timeout_s, follower.analyzer.last_progress_line)
+    finding: ErrorFinding = await follower.hang(stall)
+    return finding

@@ -6,7 +6,7 @@ import aiohttp
 
 from protos import runner_pb2 as pb
 from runner.stages.context import RunContext, StageResult
-from runner.stages.requests import fixed_body, send
+from runner.stages.requests import fixed_body, hang_of, send
 
 DEFAULT_REPEATS = 3
 
@@ -20,6 +20,7 @@ async def run(ctx: RunContext) -> StageResult:
             result = await send(http, ctx, body, attempt)
             results.append(result)
             await ctx.emit(request_result=result)
+            await hang_of(ctx, result)
             if ctx.follower is not None and ctx.follower.first_error.done():
                 break
     return await _judge(ctx, results, repeats)
