@@ -142,6 +142,12 @@ IMAGES = (
 )
 
 
+@dataclass(frozen=True)
+class ContainerInfo:
+    id: str
+    labels: dict[str, str]
+
+
 @dataclass
 class Dockerd:
     url: str
@@ -149,8 +155,10 @@ class Dockerd:
     process: subprocess.Popen[bytes]
     root: Path
 
-    def containers(self) -> list[Any]:
-        return list(self.client.containers.list(all=True))
+    def containers(self) -> list[ContainerInfo]:
+        """Every container, from one listing: one removed meanwhile cannot fail it (the SDK's list() inspects
+        each container afterwards, and a 404 there is a race, not a finding)."""
+        return [ContainerInfo(c["Id"], c.get("Labels") or {}) for c in self.client.api.containers(all=True)]
 
 
 @contextmanager

@@ -132,10 +132,11 @@ class DockerBackend:
         except DockerUnavailable:
             return 0
         removed = 0
-        for container in client.containers.list(all=True, filters={"label": RUN_LABEL}):
-            if container.labels.get(RUN_LABEL) in run_ids:
+        # one listing, no per-container inspect: a container that goes away meanwhile cannot fail the clean-up
+        for container in client.api.containers(all=True, filters={"label": RUN_LABEL}):
+            if (container.get("Labels") or {}).get(RUN_LABEL) in run_ids:
                 with contextlib.suppress(Exception):
-                    container.remove(force=True)
+                    client.api.remove_container(container["Id"], force=True)
                     removed += 1
         return removed
 
