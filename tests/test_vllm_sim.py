@@ -595,8 +595,10 @@ async def test_an_error_response_fails_the_request_and_the_server_goes_on(
 async def test_concurrency_condition_counts_the_requests_in_the_engine(
     sim: StartSim, http: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
-    scenario = write_scenario(
-        tmp_path, '[[fault]]\neffect = "error_response"\nerror = "RuntimeError: busy"\nwhen = { concurrency_min = 3 }\n'
+    scenario = write_scenario(  # a quick start-up, then 8 tokens take 4 simulated s (0.2 s): all 4 overlap
+        tmp_path,
+        "[timings]\ngpu_detect = 1.0\nweight_load = 1.0\nengine_init = 1.0\ndecode_tokens_per_s = 2.0\n"
+        '[[fault]]\neffect = "error_response"\nerror = "RuntimeError: busy"\nwhen = { concurrency_min = 3 }\n',
     )
     process = sim(["org/model"], scenario, speed="20")
     await process.ready(http)
