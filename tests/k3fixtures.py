@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from bot.config import BotConfig, parse_bot_config
+from bot.consumer import follow_run
 from bot.coordinator import Coordinator
+from bot.rerun import PlacedRerun, place_rerun
 from bot.store import AsyncStore
 from protos import runner_pb2 as pb
 from runner.config import parse_runner_config
@@ -149,3 +151,22 @@ class TcpProxy:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+
+
+async def rerun_left_running(core: Coordinator, original: str) -> PlacedRerun:
+    """What a bot that dies mid-rerun leaves: the rerun placed and started, its run going on, nothing following
+    it and nothing released (the follower is cancelled once the minimal launch has started)."""
+    placed = await place_rerun(core, original, "U-OPS")
+    launching = asyncio.Event()
+
+    async def watch(event: pb.RunEvent) -> None:
+        if event.HasField("stage_started") and event.stage_started.stage == pb.STAGE_MINIMAL_LAUNCH:
+            launching.set()
+
+    address = placed.placement.address
+    follower = asyncio.create_task(follow_run(core.config, core.store, placed.run_id, address, watch, placed.request))
+    await launching.wait()
+    follower.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await follower
+    return placed

@@ -3,36 +3,48 @@ receives its start, then its verdict with the environment differences."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from bot.blocks import ACTION_RERUN
-from bot.consumer import follow_run
+from bot.config import BotConfig
 from bot.coordinator import Coordinator
-from bot.rerun import place_rerun
 from bot.store import AsyncStore, Store
 from bot.web import serving
-from protos import runner_pb2 as pb
 from runner.tls import DevCerts
-from tests.k3fixtures import bot_config, runner_data, running_runner
+from tests.k3fixtures import bot_config, rerun_left_running, runner_data, running_runner
 from tests.slack_api import SlackApi, action_body, action_payload, command_body, parent_of, post, settle, signed
 from tests.slack_api import slack_config as with_slack
+
+
+@contextlib.asynccontextmanager
+async def _cluster(
+    certs: DevCerts, tmp_path: Path, api: SlackApi, isolated_speed: float = 800
+) -> AsyncIterator[BotConfig]:
+    """A regular runner with a leftover process and an isolated one on a clean host, and the bot's config."""
+    regular = runner_data(certs, tmp_path / "regular", scenario="leftover-process", speed=800)
+    isolated = runner_data(certs, tmp_path / "isolated", scenario="healthy", speed=isolated_speed, labels=["isolated"])
+    async with running_runner(regular) as a, running_runner(isolated) as b:
+        runners = [f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"]
+        yield with_slack(bot_config(certs, tmp_path / "k3.db", runners, isolation={"provider": "static"}), api)
+
+
+async def _start(served: Any, config: BotConfig) -> str:
+    """`/k3repro start cluster-a`, followed to its end; the run's id."""
+    await post(served, body := command_body("start cluster-a"), signed(body))
+    await settle(served)
+    return str(Store(config.store).runs()[0]["id"])
 
 
 async def test_the_rerun_button_posts_the_verdict_and_the_differences_in_the_original_thread(
     certs: DevCerts, tmp_path: Path, api: SlackApi
 ) -> None:
-    regular = runner_data(certs, tmp_path / "regular", scenario="leftover-process", speed=800)
-    isolated = runner_data(certs, tmp_path / "isolated", scenario="healthy", speed=800, labels=["isolated"])
-    async with running_runner(regular) as a, running_runner(isolated) as b:
-        runners = [f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"]
-        config = with_slack(bot_config(certs, tmp_path / "k3.db", runners, isolation={"provider": "static"}), api)
+    async with _cluster(certs, tmp_path, api) as config:
         async with serving(config, port=0) as served:
-            await post(served, body := command_body("start cluster-a"), signed(body))
-            await settle(served)
-            original = Store(tmp_path / "k3.db").runs()[0]["id"]
+            original = await _start(served, config)
             click = action_body(action_payload(ACTION_RERUN, original, trigger="t-rerun"))
             await post(served, click, signed(click))
             await settle(served)
@@ -58,30 +70,11 @@ async def test_the_rerun_button_posts_the_verdict_and_the_differences_in_the_ori
 async def test_a_rerun_a_stopped_bot_left_running_gets_its_verdict_in_the_thread_after_a_restart(
     certs: DevCerts, tmp_path: Path, api: SlackApi
 ) -> None:
-    regular = runner_data(certs, tmp_path / "regular", scenario="leftover-process", speed=800)
-    isolated = runner_data(certs, tmp_path / "isolated", scenario="healthy", speed=100, labels=["isolated"])
-    async with running_runner(regular) as a, running_runner(isolated) as b:
-        runners = [f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"]
-        config = with_slack(bot_config(certs, tmp_path / "k3.db", runners, isolation={"provider": "static"}), api)
+    async with _cluster(certs, tmp_path, api, isolated_speed=100) as config:  # slow enough to stop mid-rerun
         async with serving(config, port=0) as served:
-            await post(served, body := command_body("start cluster-a"), signed(body))
-            await settle(served)
-        original = Store(tmp_path / "k3.db").runs()[0]["id"]
+            original = await _start(served, config)
         store = AsyncStore(config.store)
-        core = Coordinator(config, store)
-        placed = await place_rerun(core, original, "U-OPS")
-        launching = asyncio.Event()
-
-        async def watch(event: pb.RunEvent) -> None:
-            launching.set()
-
-        follower = asyncio.create_task(
-            follow_run(config, store, placed.run_id, placed.placement.address, watch, placed.request)
-        )
-        await launching.wait()
-        follower.cancel()  # the bot stops while the rerun runs
-        with contextlib.suppress(asyncio.CancelledError):
-            await follower
+        placed = await rerun_left_running(Coordinator(config, store), original)  # the bot stops mid-rerun
         store.close()
         async with serving(config, port=0) as served:  # the next start resumes it
             await settle(served)

@@ -52,6 +52,13 @@ async def _report(tmp_path: Path, scenario: Path) -> tuple[dict[str, Any], str]:
     return report, out.getvalue()
 
 
+async def _report_of(tmp_path: Path, text: str) -> tuple[dict[str, Any], str]:
+    """The demo on a scenario file of this text."""
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(text)
+    return await _report(tmp_path / "run", scenario)
+
+
 async def _shipped(name: str, tmp_path: Path) -> tuple[dict[str, Any], str]:
     if name not in _RUNS:
         _RUNS[name] = await _report(tmp_path, scenario_path(name))
@@ -101,30 +108,28 @@ async def test_a_hang_is_cut_short_and_reported_as_the_finding(tmp_path: Path) -
 
 
 async def test_any_scenario_file_runs_from_its_deployment(tmp_path: Path) -> None:
-    scenario = tmp_path / "tools.toml"
-    scenario.write_text(
+    report, printed = await _report_of(
+        tmp_path,
         "[deployment]\n"
         'command = "vllm serve moonshotai/Kimi-K3 -tp 8 --trust-remote-code --max-model-len 262144 '
         '--enable-auto-tool-choice --tool-call-parser kimi_k2"\n'
         'image = "registry.example.com/vllm:k3-tools"\n'
         'request = { max_tokens = 16, messages = [{ role = "user", content = "Say hello." }] }\n'
         '[[fault]]\neffect = "error_response"\nerror = "ValueError: kimi_k2 tool parser: unexpected token"\n'
-        'when = { flags_present = ["--enable-auto-tool-choice"], tools = true }\n'
+        'when = { flags_present = ["--enable-auto-tool-choice"], tools = true }\n',
     )
-    report, printed = await _report(tmp_path / "run", scenario)
     assert report["trigger_step"] == "tools_structured_output"
     assert report["first_error"]["line"].endswith("ValueError: kimi_k2 tool parser: unexpected token")
     assert "image registry.example.com/vllm:k3-tools" in printed and "(max_tokens 16)" in printed
 
 
 async def test_each_request_records_gpu_memory_and_the_warnings_logged_meanwhile(tmp_path: Path) -> None:
-    scenario = tmp_path / "guided.toml"
-    scenario.write_text(
+    _, printed = await _report_of(
+        tmp_path,
         '[deployment]\ncommand = "vllm serve org/model -tp 2 --gpu-memory-utilization 0.5"\n'
         'request = { max_tokens = 8, guided_json = { type = "object" }, messages = [{ role = "user", content = "hi" }] }\n'
-        "[host]\ngpu_count = 4\ngpu_memory_mib = 81920\n"
+        "[host]\ngpu_count = 4\ngpu_memory_mib = 81920\n",
     )
-    _, printed = await _report(tmp_path / "run", scenario)
     requests = [line for line in printed.split("\n") if "request #" in line]
     # what the engine reserves up front on two of the four GPUs: vLLM's default 0.92 in the minimal launch, the
     # deployment's 0.5 once the max_model_len step has restored --gpu-memory-utilization
@@ -138,13 +143,12 @@ async def test_each_request_records_gpu_memory_and_the_warnings_logged_meanwhile
 
 
 async def test_a_request_the_engine_never_answers_is_a_hang_found_at_its_ladder_step(tmp_path: Path) -> None:
-    scenario = tmp_path / "serving-hang.toml"
-    scenario.write_text(
+    report, _ = await _report_of(
+        tmp_path,
         '[deployment]\ncommand = "vllm serve org/model --max-model-len 8192 --enable-prefix-caching"\n'
         '[[fault]]\neffect = "hang"\nerror = "rank0: NCCL watchdog: collective operation timeout is approaching"\n'
-        'when = { flags_present = ["--enable-prefix-caching"], repeated_prefix = true, prompt_tokens_min = 500 }\n'
+        'when = { flags_present = ["--enable-prefix-caching"], repeated_prefix = true, prompt_tokens_min = 500 }\n',
     )
-    report, _ = await _report(tmp_path / "run", scenario)
     assert report["trigger_step"] == "prefix_caching"
     assert report["ladder"][0] == {"step": "prefix_caching", "outcome": "comm_error", "relaunched": True}
     first = report["first_error"]
@@ -155,8 +159,8 @@ async def test_a_request_the_engine_never_answers_is_a_hang_found_at_its_ladder_
 
 
 async def test_a_broken_scenario_file_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
-    scenario = tmp_path / "broken.toml"
-    scenario.write_text('[deployment]\ncommand = "vllm serve m --turbo"\n')
-    with pytest.raises(CommandError, match=r"broken.toml: \[deployment\]: 'command': unrecognized arguments: --turbo"):
-        await _report(tmp_path / "run", scenario)
+    with pytest.raises(
+        CommandError, match=r"scenario.toml: \[deployment\]: 'command': unrecognized arguments: --turbo"
+    ):
+        await _report_of(tmp_path, '[deployment]\ncommand = "vllm serve m --turbo"\n')
     assert not (tmp_path / "run" / "runner-state").exists()

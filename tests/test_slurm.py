@@ -11,15 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from bot.consumer import follow_run
 from bot.coordinator import Coordinator, StartRefused
 from bot.isolation import Placement
 from bot.main import resume_runs
-from bot.rerun import place_rerun, rerun_isolated
+from bot.rerun import rerun_isolated
 from bot.store import AsyncStore, Store
 from protos import runner_pb2 as pb
 from runner.tls import DevCerts
-from tests.k3fixtures import bot_config, runner_data, running_runner
+from tests.k3fixtures import bot_config, rerun_left_running, runner_data, running_runner
 from tests.slurm import DOWN, UP, Slurm, running_slurm
 
 SCRIPT = Path(__file__).resolve().parent.parent / "deploy" / "slurm" / "k3repro-isolated.sbatch"
@@ -150,22 +149,8 @@ async def test_an_interrupted_rerun_scancels_its_job(slurm: Slurm, certs: DevCer
 async def test_a_rerun_left_by_a_bot_that_died_is_released_and_judged_by_the_next_one(
     slurm: Slurm, certs: DevCerts, tmp_path: Path
 ) -> None:
-    launching = asyncio.Event()
-
-    async def watch(event: pb.RunEvent) -> None:
-        if event.HasField("stage_started") and event.stage_started.stage == pb.STAGE_MINIMAL_LAUNCH:
-            launching.set()
-
     async with bot(certs, tmp_path, speed=100) as (core, original):
-        placed = await place_rerun(core, original, "U2")
-        address = placed.placement.address
-        follower = asyncio.create_task(
-            follow_run(core.config, core.store, placed.run_id, address, watch, placed.request)
-        )
-        await launching.wait()
-        follower.cancel()  # the bot dies mid-rerun: nothing releases the job, the run goes on
-        with contextlib.suppress(asyncio.CancelledError):
-            await follower
+        placed = await rerun_left_running(core, original)  # the bot dies mid-rerun
         assert slurm.jobs() == [f"{placed.placement.handle} RUNNING"]
         assert await resume_runs(Coordinator(core.config, core.store))  # the next bot, on the same store
         rerun = await core.store.call(Store.get_rerun, placed.run_id)

@@ -3,6 +3,7 @@ scenario's [host] standing in for NVML, so no stage knows it talks to the simula
 
 from __future__ import annotations
 
+import os
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from runner.fingerprint import PythonTarget
 from runner.nvml import GpuInfo, GpuProcess, NvmlView
 from runner.sim.catalog import catalog
 from runner.sim.cli import parse_settings
-from runner.sim.scenario import load_scenario
+from runner.sim.scenario import Host, load_scenario
 from runner.sim.settings import UsageError
 from runner.toml_reader import ConfigError
 from runner.vllm_cli import split_program
@@ -36,11 +37,12 @@ class ScenarioNvml:
     def __init__(self, scenario: str) -> None:
         self.scenario = scenario
         self.engines: list[SimEngine] = []
+        self._host: tuple[tuple[int, int], Host] | None = None  # the [host] last read, by the file's (mtime, size)
 
     def read(self) -> NvmlView:
         try:
-            host = load_scenario(self.scenario or None, catalog().phases()).host
-        except ConfigError as exc:
+            host = self._read_host()
+        except (ConfigError, OSError) as exc:
             return NvmlView(available=False, error=f"NVML init failed: {exc}")
         foreign = host.foreign_memory_mib
         alive = [e for e in self.engines if e.engine.returncode is None]  # read in a worker thread: no writes
@@ -68,6 +70,17 @@ class ScenarioNvml:
             gpus=gpus,
             processes=processes,
         )
+
+    def _read_host(self) -> Host:
+        """The scenario's [host], parsed again only when the file changed (every request reads NVML twice; a
+        host can still change under a run, as a driver upgrade would)."""
+        if not self.scenario:
+            return load_scenario(None, catalog().phases()).host
+        stat = os.stat(self.scenario)
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if self._host is None or self._host[0] != stamp:
+            self._host = (stamp, load_scenario(self.scenario, catalog().phases()).host)
+        return self._host[1]
 
 
 class SimBackend(ProcessBackend):
