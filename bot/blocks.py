@@ -9,6 +9,7 @@ Limits (docs.slack.dev, and bolt-js #2509 for the undocumented aggregate): ≤ 5
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,9 @@ EVIDENCE_CHARS = 240
 CONTEXT_LINES = 6
 
 Block = dict[str, Any]
+_FENCE = re.compile(r"```(.*?)```", re.DOTALL)
+_BOLD = re.compile(r"(?<![\w*])\*([^*\n]+)\*(?![\w*])")
+_LINK = re.compile(r"<(?:[@#!])?([^<>|]+)(?:\|([^<>]+))?>")
 ACTION_RERUN = "k3repro_rerun_isolated"
 ACTION_CANCEL = "k3repro_cancel"
 METADATA_EVENT = "k3repro_run"
@@ -68,13 +72,33 @@ def clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def plain(blocks: list[Block]) -> str:
-    """The text of blocks, for a file when they do not fit (and for anything that cannot show Block Kit)."""
-    parts: list[str] = []
+def text_lines(blocks: list[Block]) -> list[str]:
+    """Blocks as plain text: mrkdwn marks dropped, code as `| ` lines, fields on one line; buttons left out."""
+    lines: list[str] = []
     for block in blocks:
-        texts = [block.get("text") or {}, *block.get("fields", []), *block.get("elements", [])]
-        parts += [t["text"] for t in texts if isinstance(t, dict) and isinstance(t.get("text"), str)]
-    return "\n".join(parts)
+        if block["type"] == "section" and "fields" in block:
+            lines.append(" · ".join(_mrkdwn(f["text"]).replace("\n", ": ", 1) for f in block["fields"]))
+        if block["type"] == "section" and "text" in block:
+            lines += _mrkdwn_lines(block["text"]["text"])
+        elif block["type"] == "context":
+            lines += _mrkdwn_lines(" ".join(e["text"] for e in block["elements"] if "text" in e))
+    return lines
+
+
+def _mrkdwn_lines(text: str) -> list[str]:
+    lines: list[str] = []
+    position = 0
+    for fence in _FENCE.finditer(text):
+        lines += _mrkdwn(text[position : fence.start()]).splitlines()
+        lines += [f"| {line}" for line in fence.group(1).split("\n")]
+        position = fence.end()
+    lines += _mrkdwn(text[position:]).splitlines()
+    return [line for line in lines if line.strip()]
+
+
+def _mrkdwn(text: str) -> str:
+    text = _LINK.sub(lambda m: m.group(2) or ("@" + m.group(1) if m.group(0)[1] == "@" else m.group(1)), text)
+    return _BOLD.sub(r"\1", text).replace("`", "")
 
 
 SHORTENED = {
@@ -85,7 +109,7 @@ SHORTENED = {
 
 def fit(text: str, blocks: list[Block]) -> Message:
     """Shortens what is too long for Slack; the message then says so and carries its full text for a file."""
-    full = plain(blocks)
+    full = "\n".join(text_lines(blocks))
     clipped = False
     for block in blocks:
         body = block.get("text")

@@ -4,7 +4,8 @@ as the blocks of its live stream."""
 from __future__ import annotations
 
 from bot import blocks
-from bot.render import TextRenderer, text_lines
+from bot.blocks import text_lines
+from bot.render import TextRenderer
 from bot.run_view import RunView
 from protos import runner_pb2 as pb
 
