@@ -153,8 +153,10 @@ class Outbox:
             pace = self._last_sent.get(lane, 0.0) + self.intervals.get(lane, self.post_interval_s) - time.monotonic()
             if pace > 0:
                 return pace
-            self._last_sent[lane] = time.monotonic()
-            await self._send(row, write, refs)
+            try:
+                await self._send(row, write, refs)
+            finally:  # paced from the answer: the next call reaches Slack a whole interval after this one did
+                self._last_sent[lane] = time.monotonic()
             return 0
         return min(waits)
 
