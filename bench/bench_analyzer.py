@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from runner.analyzer import StreamAnalyzer, default_rules, scan  # noqa: E402
 
-DEFAULT_CORPUS = Path(os.environ.get("K3REPRO_CORPUS", REPO.parent / "shared" / "corpus"))
+DEFAULT_CORPUS = Path(os.environ.get("K3REPRO_CORPUS", REPO / "tests" / "corpus"))
 
 
 def corpus_logs(corpus: Path) -> dict[str, list[str]]:

@@ -11,7 +11,6 @@ from tests.test_analyzer_support import CORPUS, corpus_labels, feed_all, traceba
 
 LABELS = corpus_labels()
 FAILING = [label for label in LABELS if label["phase"] is not None]
-needs_corpus = pytest.mark.skipif(not LABELS, reason=f"no labelled corpus at {CORPUS}")
 
 
 def corpus_lines(name: str) -> list[str]:
@@ -24,7 +23,6 @@ def error_findings(found: list[tuple[int, Any]]) -> list[tuple[int, ErrorFinding
     return [(i, f) for i, f in found if isinstance(f, ErrorFinding)]
 
 
-@needs_corpus
 @pytest.mark.parametrize("label", LABELS, ids=[label["file"] for label in LABELS])
 def test_stream_gives_the_file_result(label: dict[str, Any]) -> None:
     analyzer, found = feed_all([f"{line}\n" for line in corpus_lines(label["file"])])
@@ -38,7 +36,6 @@ def test_stream_gives_the_file_result(label: dict[str, Any]) -> None:
     assert set(phases) <= set(whole.phases_seen)
 
 
-@needs_corpus
 @pytest.mark.parametrize("label", FAILING, ids=[label["file"] for label in FAILING])
 def test_first_error_comes_before_close_once_its_traceback_ended(label: dict[str, Any]) -> None:
     lines = corpus_lines(label["file"])

@@ -10,13 +10,14 @@ from typing import Any
 from runner.analyzer import ErrorFinding, PhaseFinding, StreamAnalyzer
 
 REPO = Path(__file__).resolve().parents[1]
-CORPUS = Path(os.environ.get("K3REPRO_CORPUS", REPO.parent / "shared" / "corpus"))
+# The corpus travels with the repository (tests/corpus, kept in step with the workplace's ../shared/corpus),
+# so a clone anywhere runs every corpus test; K3REPRO_CORPUS points the tests at another labelled set.
+CORPUS = Path(os.environ.get("K3REPRO_CORPUS", REPO / "tests" / "corpus"))
+SHARED_CORPUS = REPO.parent / "shared" / "corpus"
 
 
 def corpus_labels() -> list[dict[str, Any]]:
     path = CORPUS / "labels.jsonl"
-    if not path.is_file():
-        return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
