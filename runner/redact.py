@@ -1,4 +1,8 @@
-"""Secret redaction, applied by the runner to everything before it leaves the host.
+"""Secret redaction: the one path every text takes before it leaves the runner or the bot.
+
+The runner redacts each event where it is emitted (runner/events.py); the bot redacts what it stores and what
+it prints or posts (bot/store.py, bot/render.py). Both call `redactor().message` / `.json_text` / `.line`, so
+a rule added to runner/data/redaction.toml holds everywhere at once.
 
 A secret becomes `[REDACTED:<8 hex>]`, a keyed hash of its value: the same secret gets the same
 placeholder wherever it appears (env, argv, logs) and a changed secret gets another one, so two redacted
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import re
 import tomllib
@@ -18,9 +23,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from typing import Any, TypeVar
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 
 KEY_ENV = "K3REPRO_REDACTION_KEY"
 PLACEHOLDER = re.compile(r"\[REDACTED:[0-9a-f]{8}\]")
+# A flag and its value in free text: `--api_key=x`, `--hf-t x`, `"--api-key", "x"` (a JSON or Python list).
+_FLAG_IN_TEXT = re.compile(
+    r"""(?<![\w-])(?P<name>--[A-Za-z][\w-]*)["']?(?:=|\s*[,:]\s*|\s+)["']?(?P<secret>[^\s"',;\[\]()]+)"""
+)
+# An environment-style assignment in free text: `HF_TOKEN=x`, `export DB_PASSWORD="x"`, `"HF_TOKEN": "x"`.
+_ENV_IN_TEXT = re.compile(r"""(?<![\w-])(?P<name>[A-Z][A-Z0-9_]*)["']?\s*[=:]\s*["']?(?P<secret>[^\s"',;]+)""")
+# Terminal control sequences (ANSI CSI/OSC, C0/C1 controls but tab and newline): a crafted text must not
+# move the cursor, retitle the terminal or hide a line.
+_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+M = TypeVar("M", bound=Message)
 
 
 @dataclass(frozen=True)
@@ -29,6 +49,8 @@ class Redactor:
     secret_flags: frozenset[str]
     text: tuple[re.Pattern[str], ...]
     key: bytes
+    flag_names: re.Pattern[str] = re.compile(r"(?!)")
+    secret_keys: re.Pattern[str] = re.compile(r"(?!)")
 
     def mask(self, secret: str) -> str:
         """The placeholder of one secret value."""
@@ -36,10 +58,21 @@ class Redactor:
             return secret  # already redacted: redaction is idempotent
         return f"[REDACTED:{hmac.new(self.key, secret.encode(), hashlib.sha256).hexdigest()[:8]}]"
 
+    def is_secret_flag(self, written: str) -> bool:
+        """Whether a flag as written takes a secret. vLLM's parser reads `_` as `-` and accepts any unique
+        prefix (`--api-k`); a prefix of a secret flag counts even when ambiguous (the value must not leak
+        on its way to the parser's refusal)."""
+        if not written.startswith("--") or len(written) < 3:
+            return False
+        name = "--" + written[2:].replace("_", "-")
+        return any(flag.startswith(name) for flag in self.secret_flags) or bool(self.flag_names.search(name[2:]))
+
     def line(self, text: str) -> str:
+        """Free text: secret-looking substrings, secret flags' values and secret env assignments."""
         for pattern in self.text:
             text = pattern.sub(self._mask_match, text)
-        return text
+        text = _FLAG_IN_TEXT.sub(lambda m: self._mask_if(m, self.is_secret_flag(m.group("name"))), text)
+        return _ENV_IN_TEXT.sub(lambda m: self._mask_if(m, bool(self.env_names.search(m.group("name")))), text)
 
     def env(self, env: Mapping[str, str]) -> dict[str, str]:
         return {k: self.mask(v) if self.env_names.search(k) else self.line(v) for k, v in env.items()}
@@ -52,22 +85,81 @@ class Redactor:
             if hide_next:
                 out.append(self.mask(token))
                 hide_next = False
-            elif name in self.secret_flags:
+            elif self.is_secret_flag(name):
                 out.append(f"{name}={self.mask(value)}" if eq else token)
                 hide_next = not eq
             else:
                 out.append(self.line(token))
         return out
 
+    def json_value(self, value: Any) -> Any:
+        """A parsed JSON value: secret keys' values masked, string lists read as argv, other strings as text."""
+        if isinstance(value, dict):
+            return {
+                k: self.mask(v) if isinstance(v, str) and self._secret_key(k) else self.json_value(v)
+                for k, v in value.items()
+            }
+        if isinstance(value, list):
+            if value and all(isinstance(v, str) for v in value):
+                return self.argv(value)
+            return [self.json_value(v) for v in value]
+        if isinstance(value, str):
+            return self.json_text(value) if value[:1] in ("{", "[") else self.line(value)
+        return value
+
+    def json_text(self, text: str) -> str:
+        """A JSON document, redacted by structure (so an escaped body inside JSON is reached too), kept
+        byte for byte when nothing in it is secret; text that is not JSON is redacted as free text."""
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            return self.line(text)
+        redacted = self.json_value(value)
+        return text if redacted == value else json.dumps(redacted, indent=2 if "\n" in text else None)
+
+    def message(self, message: M) -> M:
+        """A copy of a protobuf message with every string in it redacted (JSON artifacts by structure)."""
+        copy = type(message)()
+        copy.CopyFrom(message)
+        self._redact_fields(copy)
+        return copy
+
+    def _redact_fields(self, message: Message) -> None:
+        json_content = getattr(message, "media_type", "") == "application/json"
+        for field, value in message.ListFields():
+            if field.type == FieldDescriptor.TYPE_MESSAGE:
+                for item in value if field.is_repeated else [value]:
+                    self._redact_fields(item)
+            elif field.type == FieldDescriptor.TYPE_STRING:
+                text = self.json_text if json_content and field.name == "content" else self.line
+                if field.is_repeated:
+                    value[:] = [text(v) for v in value]
+                else:
+                    setattr(message, field.name, text(value))
+
+    def _secret_key(self, key: str) -> bool:
+        return bool(self.secret_keys.search(key)) or (key.isupper() and bool(self.env_names.search(key)))
+
+    def _mask_if(self, match: re.Match[str], secret: bool) -> str:
+        return self._mask_group(match) if secret else match.group(0)
+
     def _mask_match(self, match: re.Match[str]) -> str:
         if PLACEHOLDER.fullmatch(match.group(0)):
             return match.group(0)
         if "secret" in match.re.groupindex and match.group("secret") is not None:
-            start, end = match.span("secret")
-            whole = match.start()
-            text = match.group(0)
-            return text[: start - whole] + self.mask(match.group("secret")) + text[end - whole :]
+            return self._mask_group(match)
         return self.mask(match.group(0))
+
+    def _mask_group(self, match: re.Match[str]) -> str:
+        start, end = match.span("secret")
+        whole = match.start()
+        text = match.group(0)
+        return text[: start - whole] + self.mask(match.group("secret")) + text[end - whole :]
+
+
+def printable(text: str) -> str:
+    """Text without terminal control sequences: what a crafted bundle or engine says is shown, never obeyed."""
+    return _CONTROL.sub("", text)
 
 
 @cache
@@ -80,4 +172,6 @@ def redactor() -> Redactor:
         secret_flags=frozenset(rules["secret_flags"]),
         text=tuple(re.compile(p) for p in rules["text_patterns"]),
         key=key,
+        flag_names=re.compile("|".join(rules["secret_flag_patterns"])),
+        secret_keys=re.compile("|".join(rules["secret_key_patterns"])),
     )

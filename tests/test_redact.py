@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
-from runner.redact import KEY_ENV, PLACEHOLDER, Redactor, redactor
+from protos import runner_pb2 as pb
+from runner.redact import KEY_ENV, PLACEHOLDER, Redactor, printable, redactor
 
 HF = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz012345"
 OPENAI = "sk-proj-" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6"
@@ -87,3 +89,46 @@ def test_a_shared_key_makes_placeholders_equal_across_processes(monkeypatch: pyt
         redactor.cache_clear()
     plain = Redactor(a.env_names, a.secret_flags, a.text, b"another key")
     assert plain.mask(HF) != a.mask(HF)  # without the key, the placeholder says nothing about the secret
+
+
+@pytest.mark.parametrize(
+    "spelling", ["--api-key", "--api_key", "--api-k", "--api", "--hf-token", "--hf_token", "--hf-t", "--hf_t"]
+)
+def test_every_spelling_vllm_accepts_of_a_secret_flag_is_masked(spelling: str) -> None:
+    r = redactor()
+    secret = "hunter2-prod"
+    assert secret not in " ".join(r.argv(["vllm", "serve", "m", spelling, secret]))
+    assert secret not in " ".join(r.argv(["vllm", "serve", "m", f"{spelling}={secret}"]))
+    for text in (
+        f"{spelling} {secret}",
+        f"{spelling}={secret}",
+        f'["{spelling}", "{secret}"]',
+        f"'{spelling}': '{secret}'",
+    ):
+        assert secret not in r.line(text), text
+    assert r.argv(["--host", "h", "--hf-overrides", "{}"]) == ["--host", "h", "--hf-overrides", "{}"]
+
+
+def test_json_is_redacted_by_structure_and_kept_byte_for_byte_when_clean() -> None:
+    r = redactor()
+    clean = '{"argv": ["vllm", "serve", "m"],  "max_tokens": 16}'
+    assert r.json_text(clean) == clean
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "api_key": "hunter2-prod"})
+    doc = json.dumps({"argv": ["vllm", "--api_key", "s3cr3t-pa55"], "request": body, "HF_TOKEN": "x"})
+    out = r.json_text(doc)
+    assert secrets_left(out) == [] and "REDACTED" in json.loads(json.loads(out)["request"])["api_key"]
+    assert PLACEHOLDER.fullmatch(json.loads(out)["HF_TOKEN"])
+
+
+def test_a_protobuf_message_is_redacted_in_every_string_field() -> None:
+    event = pb.RunEvent(
+        run_id="r",
+        request_result=pb.RequestResult(error=f"401: Authorization: Bearer {OPENAI}", warnings=[f"token={HF}"]),
+    )
+    redacted = redactor().message(event)
+    assert secrets_left(str(redacted)) == [] and redacted.run_id == "r"
+    assert OPENAI in event.request_result.error  # a copy: the original is left as it was
+
+
+def test_terminal_control_sequences_are_removed() -> None:
+    assert printable("ok\x1b[2J\x1b]0;pwned\x07 \x1b[31mred\x1b[0m\x08\ttab\n") == "ok red\ttab\n"
