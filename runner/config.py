@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ class EngineConfig:
     sim_scenario: str = ""  # sim backend only: a built-in scenario name or a path
     sim_speed: float = 1.0
     docker: DockerSettings = field(default_factory=DockerSettings)
+    executables: tuple[str, ...] = ()  # process backend: the only programs it runs, as real paths
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,13 @@ class RunnerConfig:
     @property
     def journal_path(self) -> Path:
         return self.state_dir / "journal.sqlite"
+
+
+def resolve_executable(program: str) -> str | None:
+    """The real path a program name or path runs (PATH lookup, then symlinks resolved); None if not found.
+    The config's executables and each launch's argv[0] are resolved the same way, so they compare."""
+    found = shutil.which(program)
+    return os.path.realpath(found) if found else None
 
 
 def load_runner_config(path: Path) -> RunnerConfig:
@@ -96,6 +106,7 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
         scenario = str(scenario_path(scenario, base))
         load_scenario(scenario, catalog().phases())  # a broken scenario is refused now, not at every launch
     defaults = EngineConfig()
+    executables = _executables(engine_reader, base)
     engine = EngineConfig(
         backend=backend,
         launch_host=engine_reader.text("launch_host", defaults.launch_host),
@@ -103,7 +114,7 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
         stall_timeout_s=engine_reader.number("stall_timeout_s", defaults.stall_timeout_s),
         request_timeout_s=engine_reader.number("request_timeout_s", defaults.request_timeout_s),
         stop_grace_s=engine_reader.number("stop_grace_s", defaults.stop_grace_s),
-        failure_attempts=max(1, int(engine_reader.number("failure_attempts", defaults.failure_attempts))),
+        failure_attempts=_whole(engine_reader, "failure_attempts", defaults.failure_attempts),
         foreign_memory_wait_s=engine_reader.number("foreign_memory_wait_s", defaults.foreign_memory_wait_s),
         sim_scenario=scenario,
         sim_speed=sim_reader.number("speed", defaults.sim_speed),
@@ -112,7 +123,9 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
             volumes=tuple(docker_reader.texts("volumes")),
             env=tuple(sorted(docker_env.items())),
         ),
+        executables=executables,
     )
+    _check_ranges(engine, f"{origin} [engine]")
     config = RunnerConfig(
         name=reader.text("name"),
         cluster=reader.text("cluster"),
@@ -120,7 +133,7 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
         state_dir=base / reader.text("state_dir", "state"),
         labels=tuple(reader.texts("labels")),
         allowed_images=tuple(reader.texts("allowed_images")),
-        max_concurrent_runs=int(reader.number("max_concurrent_runs", 1)),
+        max_concurrent_runs=_whole(reader, "max_concurrent_runs", 1),
         heartbeat_s=reader.number("heartbeat_s", 5.0),
         baseline_dirs=tuple(base / d for d in reader.texts("baseline_dirs")),
         request_bodies=reader.text("request_bodies", "text"),
@@ -131,4 +144,50 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
         raise ConfigError(f'{origin}: request_bodies must be "text" or "hash", got {config.request_bodies!r}')
     if not config.allowed_images:
         raise ConfigError(f"{origin}: allowed_images is empty; list the image patterns this runner may launch")
+    _check_runner(config, origin)
     return config
+
+
+def _whole(reader: TomlReader, key: str, default: int) -> int:
+    value = reader.number(key, default)
+    if value != int(value) or value < 1:
+        raise ConfigError(f"{reader.origin}: {key!r} must be a whole number of 1 or more, got {value!r}")
+    return int(value)
+
+
+def _executables(reader: TomlReader, base: Path) -> tuple[str, ...]:
+    """`executables`: names looked up on PATH or paths (relative ones from the config's folder), each
+    resolved to its real path now, so a later change of PATH or of a symlink cannot widen the list."""
+    resolved: list[str] = []
+    for entry in reader.texts("executables"):
+        program = str(base / entry) if "/" in entry and not entry.startswith("/") else entry
+        real = resolve_executable(program)
+        if real is None:
+            raise ConfigError(f"{reader.origin}: executable {entry!r} is not found (or not executable) on this host")
+        resolved.append(real)
+    return tuple(dict.fromkeys(resolved))
+
+
+def _check_ranges(engine: EngineConfig, origin: str) -> None:
+    for name in ("ready_timeout_s", "stall_timeout_s", "request_timeout_s", "sim_speed"):
+        if not getattr(engine, name) > 0:
+            raise ConfigError(f"{origin}: {name} must be above 0, got {getattr(engine, name)!r}")
+    for name in ("stop_grace_s", "foreign_memory_wait_s"):
+        if not getattr(engine, name) >= 0:
+            raise ConfigError(f"{origin}: {name} must be 0 or more, got {getattr(engine, name)!r}")
+
+
+def _check_runner(config: RunnerConfig, origin: str) -> None:
+    """Values that parse but cannot work, refused at load with the key that is wrong."""
+    if config.engine.backend == "process" and not config.engine.executables:
+        raise ConfigError(
+            f"{origin} [engine]: executables is empty; list the vllm programs this runner may run "
+            '(e.g. executables = ["vllm"], or a venv\'s python for `python -m vllm.entrypoints.openai.api_server`)'
+        )
+    if not config.heartbeat_s >= 0.05:
+        raise ConfigError(f"{origin}: heartbeat_s must be at least 0.05, got {config.heartbeat_s!r}")
+    host, sep, port = config.listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{origin}: listen must be HOST:PORT (port 0-65535), got {config.listen!r}")
+    if config.state_dir.exists() and not config.state_dir.is_dir():
+        raise ConfigError(f"{origin}: state_dir {str(config.state_dir)!r} is not a directory")

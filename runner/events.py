@@ -1,14 +1,25 @@
-"""Building RunEvents: one place that assigns seq and timestamps, journals, and wakes watchers."""
+"""Building RunEvents: the one place that redacts, assigns seq and timestamps, journals, and wakes watchers.
+
+Every event a stage emits passes here, so redaction happens once for all of them (engine error texts, stage
+and run summaries, artifacts) rather than in each stage. A seq is spent only on an event the journal wrote:
+a failed write leaves no gap, and ends the run (JournalWriteError from every later emit of that run).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from protos import runner_pb2 as pb
 from runner.journal import Journal
+from runner.redact import redactor
+
+
+class JournalWriteError(Exception):
+    """The journal could not write an event (a full or read-only disk): the run cannot go on unrecorded."""
 
 
 class EventLog:
@@ -18,15 +29,26 @@ class EventLog:
         self.journal = journal
         self.changed = asyncio.Condition()
         self._seq: dict[str, int] = {}
+        self.broken: dict[str, str] = {}  # run id -> why its journal write failed
+        self.unjournaled: dict[str, pb.RunEvent] = {}  # a run's last event, when even that could not be written
 
     async def emit(self, run_id: str, **payload: Any) -> pb.RunEvent:
+        finished = "run_finished" in payload
+        if run_id in self.broken and not finished:
+            raise JournalWriteError(self.broken[run_id])
         seq = self._seq.get(run_id)
         if seq is None:
             seq = self.journal.last_seq(run_id)
-        seq += 1
-        self._seq[run_id] = seq
-        event = pb.RunEvent(run_id=run_id, seq=seq, at=now(), **payload)
-        self.journal.append(event)
+        event = redactor().message(pb.RunEvent(run_id=run_id, seq=seq + 1, at=now(), **payload))
+        try:
+            self.journal.append(event)
+        except sqlite3.Error as exc:
+            reason = f"the runner's journal could not record an event ({exc}); the run was stopped"
+            self.broken.setdefault(run_id, reason)
+            if not finished:
+                raise JournalWriteError(reason) from None
+            self.unjournaled[run_id] = event  # still told to watchers; a restarted runner closes the run
+        self._seq[run_id] = event.seq
         async with self.changed:
             self.changed.notify_all()
         return event

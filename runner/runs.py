@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -13,10 +14,11 @@ from fnmatch import fnmatchcase
 from protos import runner_pb2 as pb
 from runner.config import RunnerConfig
 from runner.engines import EngineBackend
-from runner.events import EventLog, heartbeat
-from runner.journal import Journal
+from runner.events import EventLog, JournalWriteError, heartbeat
+from runner.journal import Journal, request_digest
 from runner.pipeline import execute
 from runner.stages.context import RunContext
+from runner.stages.launcher import release
 from runner.stages.requests import PATHS
 from runner.vllm_cli import LaunchCommandError, ServeCommand, parse_launch_command
 
@@ -76,6 +78,8 @@ class RunHub:
                 f"rerun of {request.rerun.original_run_id}: image {request.image!r} is not the bundle's digest "
                 f"{request.rerun.image_digest} (a tag can move; a rerun runs exactly what failed)",
             )
+        if refusal := self.backend.refusal(list(request.launch_argv)):
+            raise RunRejected("PERMISSION_DENIED", refusal)
         if self.once and (self.active or self.served.is_set()) and self.journal.request(request.run_id) is None:
             raise RunRejected("RESOURCE_EXHAUSTED", f"runner {self.config.name} serves one run only (--once)")
         if request.request.api and request.request.api not in PATHS:
@@ -95,9 +99,9 @@ class RunHub:
     def start(self, request: pb.StartRunRequest) -> None:
         """Starts a run, or does nothing when this exact request already started (a retried StartRun)."""
         command = self.validate(request)
-        known = self.journal.request(request.run_id)
+        known = self.journal.request_sha256(request.run_id)
         if known is not None:
-            if known != request:
+            if known != request_digest(request):
                 raise RunRejected("ALREADY_EXISTS", f"run {request.run_id} exists with a different request")
             return
         if len(self.active) >= self.config.max_concurrent_runs:
@@ -119,6 +123,11 @@ class RunHub:
         try:
             try:
                 finished = await execute(active.context, lambda: active.cancel_reason)
+            except JournalWriteError as exc:  # raised where the pipeline reports a cancel: stop, say why
+                with contextlib.suppress(JournalWriteError):
+                    await asyncio.shield(release(active.context))
+                finished = pb.RunFinished(status=pb.RUN_STATUS_ERROR, reasons=[str(exc)], summary=str(exc))
+                finished.launches = active.context.launches
             finally:
                 self.active.pop(active.context.run_id, None)  # free before a bot can read that the run ended
             await active.context.emit(run_finished=finished)
@@ -126,7 +135,9 @@ class RunHub:
             self.served.set()
 
     async def watch(self, run_id: str, after_seq: int) -> AsyncIterator[pb.RunEvent]:
-        """Replays journaled events after `after_seq`, then follows live ones; heartbeats when quiet."""
+        """Replays journaled events after `after_seq`, then follows live ones; heartbeats when quiet. A
+        finished run always ends its stream with its run_finished, even when the watcher has it already: an
+        empty stream would read as a lost connection."""
         if self.journal.request(run_id) is None:
             raise RunRejected("NOT_FOUND", f"no run {run_id} on runner {self.config.name}")
         last = after_seq
@@ -134,14 +145,16 @@ class RunHub:
             # Reading under the lock means an event journaled after the read notifies us after we wait.
             async with self.events.changed:
                 batch = list(self.journal.events(run_id, last))
-                if not batch:
-                    if self.journal.is_finished(run_id):
-                        return
+                final = None if batch else self._final(run_id)
+                if not batch and final is None:
                     try:
                         await asyncio.wait_for(self.events.changed.wait(), self.config.heartbeat_s)
                         continue
                     except TimeoutError:
                         pass
+            if final is not None:
+                yield final
+                return
             if not batch:
                 active = self.active.get(run_id)
                 yield heartbeat(run_id, last, active.context.stage if active else pb.STAGE_UNSPECIFIED)
@@ -150,6 +163,13 @@ class RunHub:
                 yield event
                 if event.WhichOneof("payload") == "run_finished":
                     return
+
+    def _final(self, run_id: str) -> pb.RunEvent | None:
+        """The run's run_finished event once it has one (journaled, or kept in memory when the journal
+        could not write it)."""
+        if self.journal.is_finished(run_id):
+            return self.journal.last_event(run_id)
+        return self.events.unjournaled.get(run_id)
 
     async def cancel(self, run_id: str, reason: str) -> bool:
         active = self.active.get(run_id)

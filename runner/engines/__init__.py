@@ -15,7 +15,7 @@ def make_backend(config: EngineConfig) -> EngineBackend:
     if config.backend == "sim":
         return SimBackend(config.sim_scenario, config.sim_speed)
     if config.backend == "process":
-        return ProcessBackend()
+        return ProcessBackend(executables=config.executables)
     if config.backend == "docker":
         return DockerBackend(config.docker)
     raise ValueError(f"engine backend {config.backend!r} is not available on this runner")

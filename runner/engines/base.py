@@ -40,6 +40,10 @@ class EngineBackend(Protocol):
     name: str
     nvml: NvmlSource  # what this backend's GPUs look like through NVML
 
+    def refusal(self, argv: list[str]) -> str:
+        """Why this backend will not run `argv` (one line), or "": checked before a run is recorded."""
+        ...
+
     def probe_target(self, argv: list[str], image: str) -> Target | None:
         """What freeze probes for the versions that would load: the image, or the Python behind argv."""
         ...

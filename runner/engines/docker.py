@@ -91,6 +91,9 @@ class DockerBackend:
         self.nvml: NvmlSource = nvml or PynvmlSource()
         self._launches = 0
 
+    def refusal(self, argv: list[str]) -> str:
+        return ""  # the image (allowlisted) runs its own entrypoint; argv[0] is never run on the host
+
     def probe_target(self, argv: list[str], image: str) -> ImageTarget:
         return ImageTarget(image)
 

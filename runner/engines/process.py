@@ -1,4 +1,9 @@
-"""Bare-metal engine: the launch command runs as a process in its own process group."""
+"""Bare-metal engine: the launch command runs as a process in its own process group.
+
+Only the executables runner.toml lists (`[engine] executables`, resolved to real paths when the config is
+loaded) are run: argv[0] is looked up on PATH and resolved the same way, so neither a look-alike name
+(`vllm-not-really`) nor a program in a scratch folder, nor a crafted bundle's rerun, runs anything else.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from runner.config import resolve_executable
 from runner.engines.base import LogLine
 from runner.fingerprint import PythonTarget
 from runner.nvml import NvmlSource, PynvmlSource
@@ -83,8 +89,18 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 class ProcessBackend:
     name = "process"
 
-    def __init__(self, nvml: NvmlSource | None = None) -> None:
+    def __init__(self, nvml: NvmlSource | None = None, executables: tuple[str, ...] = ()) -> None:
         self.nvml: NvmlSource = nvml or PynvmlSource()
+        self.executables = frozenset(executables)  # real paths
+
+    def refusal(self, argv: list[str]) -> str:
+        program = argv[0] if argv else ""
+        real = resolve_executable(program) if program else None
+        if real is not None and real in self.executables:
+            return ""
+        where = f" ({real})" if real and real != program else ""
+        allowed = ", ".join(sorted(self.executables)) or "none"
+        return f"executable {program!r}{where} is not one of this runner's [engine] executables ({allowed})"
 
     def probe_target(self, argv: list[str], image: str) -> PythonTarget | None:
         """The Python that runs the command: its program when that is a Python, else its shebang's."""
@@ -111,6 +127,8 @@ class ProcessBackend:
         return kill_leftovers(run_ids)
 
     async def launch(self, argv: list[str], *, run_id: str, image: str) -> ProcessEngine:
+        if refusal := self.refusal(argv):  # checked at StartRun too; here nothing can slip past it
+            raise PermissionError(refusal)
         process = await asyncio.create_subprocess_exec(
             *self.command(argv),
             stdin=asyncio.subprocess.DEVNULL,

@@ -104,6 +104,9 @@ class SimBackend(ProcessBackend):
         self._nvml.engines = [*alive, held]  # one assignment: a concurrent read sees the old list or the new
         return engine
 
+    def refusal(self, argv: list[str]) -> str:
+        return ""  # argv[0] is never run: the simulator stands in for it
+
     def probe_target(self, argv: list[str], image: str) -> PythonTarget:
         return PythonTarget(sys.executable)  # the Python that runs vllm-sim
 
