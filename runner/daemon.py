@@ -1,11 +1,19 @@
-"""The runner daemon: the gRPC server with health and reflection, and its orderly start and stop."""
+"""The runner daemon: the gRPC server with health and reflection, and its orderly start and stop.
+
+One daemon per state dir (an exclusive lock) and per port (no SO_REUSEPORT): a second daemon on the same
+config would otherwise close the first one's live run as a leftover, and split the bots' connections.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import os
 import signal
+import sqlite3
 from pathlib import Path
+from typing import IO
 
 import grpc
 from grpc_health.v1 import _async as health_aio  # the module behind grpc_health.v1.health.aio
@@ -25,15 +33,34 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Runner"].full_name
 SHUTDOWN_REASON = "runner shutting down (SIGTERM)"
 ONCE_GRACE_S = 10.0  # after its one run (`--once`): time for the bot to read the stream's last events
+# The bot pings every 20 s, with or without a call in flight (bot/runner_client.py KEEPALIVE_OPTIONS): the
+# server permits pings that often, so it never answers GOAWAY too_many_pings. tests/test_security_faults.py
+# checks the two sides agree.
+MIN_PING_INTERVAL_MS = 10_000
+SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.so_reuseport", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", MIN_PING_INTERVAL_MS),
+    ("grpc.http2.max_ping_strikes", 0),
+)
+
+
+class DaemonStartError(Exception):
+    """The daemon cannot start (state dir in use or unwritable, port taken, unusable TLS files); one line."""
 
 
 class RunnerDaemon:
     def __init__(self, config: RunnerConfig) -> None:
         self.config = config
-        self.journal = Journal(config.journal_path)
+        self._lock = _lock_state_dir(config.state_dir)
+        try:
+            self.journal = Journal(config.journal_path)
+        except sqlite3.Error as exc:
+            self._lock.close()
+            raise DaemonStartError(f"cannot open the journal {config.journal_path}: {exc}") from None
         self.hub = RunHub(config, self.journal, make_backend(config.engine))
         self.health = health_aio.HealthServicer()
-        self.server = grpc.aio.server()
+        self.server = grpc.aio.server(options=SERVER_OPTIONS)
         pb_grpc.add_RunnerServicer_to_server(RunnerService(self.hub), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -49,16 +76,22 @@ class RunnerDaemon:
         self._stopping: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
-        """Binds and starts serving; returns the bound port (useful with `listen = "127.0.0.1:0"`)."""
+        """Binds, closes what a previous process left, and starts serving; returns the bound port (useful
+        with `listen = "127.0.0.1:0"`). Binding comes first: a daemon that cannot serve touches nothing."""
+        try:
+            if self.config.tls is None:
+                self.port = self.server.add_insecure_port(self.config.listen)
+            else:
+                self.port = self.server.add_secure_port(self.config.listen, server_credentials(self.config.tls))
+        except OSError as exc:
+            raise DaemonStartError(f"cannot read the TLS files: {exc}") from None
+        except RuntimeError:
+            self.port = 0
+        if self.port == 0:
+            raise DaemonStartError(f"cannot listen on {self.config.listen} (in use, or not an address of this host)")
         recovered = await self.hub.recover()
         if recovered:
             log.warning("closed %d run(s) left unfinished by a previous runner process", len(recovered))
-        if self.config.tls is None:
-            self.port = self.server.add_insecure_port(self.config.listen)
-        else:
-            self.port = self.server.add_secure_port(self.config.listen, server_credentials(self.config.tls))
-        if self.port == 0:
-            raise OSError(f"cannot listen on {self.config.listen}")
         await self.server.start()
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -71,6 +104,7 @@ class RunnerDaemon:
         await self.hub.shutdown(reason)
         await self.server.stop(grace_s)
         self.journal.close()
+        self._lock.close()
         self._stopped.set()
 
     def _on_signal(self) -> None:
@@ -96,3 +130,25 @@ class RunnerDaemon:
             if self._stopping is None:
                 self._stopping = asyncio.create_task(self.stop("served its one run", grace_s=ONCE_GRACE_S))
         await self._stopped.wait()
+
+
+def _lock_state_dir(state_dir: Path) -> IO[str]:
+    """Holds `runner.lock` in the state dir for the daemon's life (the kernel drops it when the process dies,
+    so a SIGKILLed runner never blocks its successor)."""
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(state_dir / "runner.lock", "a+", encoding="utf-8")  # noqa: SIM115 - held until stop
+    except OSError as exc:
+        raise DaemonStartError(f"cannot use state_dir {state_dir}: {exc.strerror}") from None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "?"
+        handle.close()
+        raise DaemonStartError(f"state_dir {state_dir} is in use by another runner (pid {holder})") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle

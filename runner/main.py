@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from runner.config import RunnerConfig, load_runner_config
-from runner.daemon import RunnerDaemon
+from runner.daemon import DaemonStartError, RunnerDaemon
 from runner.toml_reader import ConfigError
 
 
@@ -31,7 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"k3repro-runner: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(_serve(config, args.once, args.port_file))
+    try:
+        asyncio.run(_serve(config, args.once, args.port_file))
+    except DaemonStartError as exc:
+        print(f"k3repro-runner: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
