@@ -2,7 +2,14 @@
 
 A manifest lists the sha256 of every member; import recomputes each one and refuses any difference
 (a changed, added or missing member, a changed hash, a truncated file) with one line. The hashes prove
-integrity in transit, not who made the bundle.
+integrity in transit, not who made the bundle: an imported bundle is hostile input. Import reads at most
+the limits below from the stream (never trusting a size the file or a header claims), checks every member
+against a schema, takes the run's id from the manifest (never from an event), gives it a fresh id when the
+store has that id already, stores only finished runs, strips terminal control sequences, and writes the
+run and its events in one transaction: a refused bundle leaves nothing behind.
+
+Export passes every member through the one redaction path (runner/redact.py), and keeps only the request
+body's sha256 when the run's scene did (`request_bodies = "hash"` on the runner).
 """
 
 from __future__ import annotations
@@ -10,6 +17,8 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import re
+import sqlite3
 import tarfile
 import zlib
 from dataclasses import dataclass
@@ -21,16 +30,27 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from bot.ids import new_run_id
 from bot.report import run_report
 from bot.store import FINAL, Store
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
+from runner.redact import map_strings, printable, redactor
 
 FORMAT = 1
 MANIFEST = "manifest.json"
 MAX_BUNDLE_BYTES = 64 * 1024 * 1024  # compressed, as given to import
 MAX_UNPACKED_BYTES = 256 * 1024 * 1024  # all members together: a small file must not unpack into a huge one
 MEMBER_FIELDS = ("sha256", "bytes")
+MAX_MEMBERS = 512  # a bundle has a dozen members and one log per launch
+MAX_DEPTH = 2  # "logs/<source>.log"
+MAX_EVENTS = 200_000
+REQUIRED = ("run.json", "events.jsonl", "launch.json", "request.json", "fingerprint.json")
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+MEMBER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+DECISIONS = ("fix", "isolate", "continue")
+APIS = ("chat", "completions")
 
 
 class BundleError(Exception):
@@ -69,6 +89,11 @@ class Bundle:
         text = self.members["events.jsonl"].decode()
         return [json_format.Parse(line, pb.RunEvent()) for line in text.splitlines() if line]
 
+    def request_body(self) -> str | None:
+        """The fixed request's body, or None when the bundle keeps only its sha256."""
+        body = self.json("request.json").get("body_json")
+        return body if isinstance(body, str) else None
+
     def to_bytes(self) -> bytes:
         """A reproducible tar.gz: members in manifest order, fixed times and owners."""
         raw = io.BytesIO()
@@ -81,13 +106,13 @@ class Bundle:
 
 
 def export_bundle(store: Store, run_id: str) -> Bundle:
-    """The bundle of a finished run from the store."""
+    """The bundle of a finished run from the store, every member redacted."""
     run = store.get_run(run_id)
     if run["status"] not in FINAL:
         raise BundleError(f"run {run['id']} is still {run['status']}: export it once it has ended")
-    events = store.events(run["id"])
+    events = [redactor().message(e) for e in store.events(run["id"])]
     report = run_report(run["id"], events)
-    asked = json.loads(run["request_json"] or "{}")
+    asked = public_request(run, events)
     artifacts = {e.artifact.name: e.artifact.content for e in events if e.HasField("artifact")}
     fingerprint = json.loads(artifacts["fingerprint"]) if "fingerprint" in artifacts else None
     members: dict[str, bytes] = {
@@ -105,9 +130,7 @@ def export_bundle(store: Store, run_id: str) -> Bundle:
                 "profile": asked.get("profile", ""),
             }
         ),
-        "request.json": _json(
-            {"api": asked.get("api", "chat"), "body_json": asked.get("request", ""), "repeats": asked.get("repeats", 3)}
-        ),
+        "request.json": _json({k: v for k, v in asked.items() if k in ("api", "body_json", "body_sha256", "repeats")}),
         "first_error.json": _json(report["first_error"]),
         "checklist.json": _json(_checklist(events)),
         "steps.json": _json(_steps(events)),
@@ -116,6 +139,7 @@ def export_bundle(store: Store, run_id: str) -> Bundle:
         members[f"logs/{source.replace('/', '-')}.log"] = text.encode()
     if "sim_scenario" in artifacts:
         members["scenario.toml"] = artifacts["sim_scenario"].encode()
+    members = {name: _redacted(name, data) for name, data in members.items()}
     manifest = {
         "format": FORMAT,
         "produced_by": f"k3repro {version('k3repro')}",
@@ -126,35 +150,92 @@ def export_bundle(store: Store, run_id: str) -> Bundle:
     return Bundle(manifest, members)
 
 
-def read_bundle(path: Path) -> Bundle:
-    """Reads and verifies a bundle file; any doubt about it is a BundleError."""
+def public_request(run: dict[str, Any], events: list[pb.RunEvent]) -> dict[str, Any]:
+    """What a run was asked to do, as it may leave the bot (bundle, `show --json`): redacted, and with
+    only the body's sha256 when the run's scene kept only that (the runner's `request_bodies = "hash"`)."""
     try:
-        size = path.stat().st_size
+        asked = json.loads(redactor().json_text(run.get("request_json") or "{}"))
+    except ValueError:
+        asked = {}
+    asked = asked if isinstance(asked, dict) else {}
+    result: dict[str, Any] = {
+        "argv": asked.get("argv", []),
+        "api": asked.get("api", "chat"),
+        "repeats": asked.get("repeats", 3),
+        "profile": asked.get("profile", ""),
+    }
+    scene = next(
+        (e.artifact.content for e in events if e.HasField("artifact") and e.artifact.name == "fingerprint"), ""
+    )
+    try:
+        kept = (json.loads(scene) or {}).get("request") if scene else None
+    except (ValueError, AttributeError):
+        kept = None
+    if isinstance(kept, dict) and kept.get("body") is None and kept.get("body_sha256"):
+        result["body_sha256"] = kept["body_sha256"]
+    else:
+        result["body_json"] = asked.get("request", "")
+    return result
+
+
+def _redacted(name: str, data: bytes) -> bytes:
+    """A member through the redaction path: JSON by structure (each line of events.jsonl), text by line."""
+    r = redactor()
+    text = data.decode("utf-8", "replace")
+    if name.endswith(".json"):
+        return r.json_text(text).encode()
+    redact = r.json_text if name.endswith(".jsonl") else r.line
+    return "".join(redact(line.rstrip("\n")) + "\n" for line in text.splitlines(keepends=True)).encode()
+
+
+def read_bundle(path: Path) -> Bundle:
+    """Reads and verifies a bundle file; any doubt about it is a BundleError. At most MAX_BUNDLE_BYTES are
+    read, whatever the file claims to be (a pipe or /dev/zero has no honest size)."""
+    if path.is_dir():
+        raise BundleError(f"{path} is a directory, not a bundle file")
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_BUNDLE_BYTES + 1)
     except OSError as exc:
         raise BundleError(f"cannot read bundle {path}: {exc.strerror}") from None
-    if size > MAX_BUNDLE_BYTES:
-        raise BundleError(f"bundle {path} is {size} bytes, over the limit of {MAX_BUNDLE_BYTES} bytes")
-    return parse_bundle(path.read_bytes(), str(path))
+    if len(data) > MAX_BUNDLE_BYTES:
+        raise BundleError(f"bundle {path} is over the limit of {MAX_BUNDLE_BYTES} bytes")
+    return parse_bundle(data, str(path))
 
 
 def parse_bundle(data: bytes, origin: str = "bundle") -> Bundle:
-    members: dict[str, bytes] = {}
-    unpacked = 0
+    """The gzip stream is inflated to at most MAX_UNPACKED_BYTES before tar reads it, so no header (a
+    huge size, a long name) can make it read more."""
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as gz:
+            raw = gz.read(MAX_UNPACKED_BYTES + 1)
+    except (EOFError, zlib.error, OSError) as exc:
+        raise BundleError(f"{origin} is truncated or not a k3repro bundle ({exc})") from None
+    if len(raw) > MAX_UNPACKED_BYTES:
+        raise BundleError(f"{origin}: unpacks to over {MAX_UNPACKED_BYTES // 2**20} MiB")
+    members: dict[str, bytes] = {}
+    try:
+        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
             for info in tar:
-                if not info.isfile():
-                    raise BundleError(f"{origin}: member {info.name!r} is not a regular file")
-                if info.name in members:
-                    raise BundleError(f"{origin}: member {info.name!r} appears twice")
-                unpacked += info.size
-                if unpacked > MAX_UNPACKED_BYTES:
-                    raise BundleError(f"{origin}: unpacks to over {MAX_UNPACKED_BYTES // 2**20} MiB")
+                if len(members) >= MAX_MEMBERS:
+                    raise BundleError(f"{origin}: over {MAX_MEMBERS} members")
+                _check_member(info, members, origin)
                 extracted = tar.extractfile(info)
-                members[info.name] = extracted.read() if extracted else b""
-    except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
+                members[info.name] = extracted.read(info.size) if extracted else b""
+    except (tarfile.TarError, EOFError, OSError) as exc:
         raise BundleError(f"{origin} is truncated or not a k3repro bundle ({exc})") from None
     return _verified(members, origin)
+
+
+def _check_member(info: tarfile.TarInfo, members: dict[str, bytes], origin: str) -> None:
+    name = printable(info.name)
+    parts = info.name.split("/")
+    if not info.isfile():
+        raise BundleError(f"{origin}: member {name!r} is not a regular file")
+    if len(parts) > MAX_DEPTH or not all(MEMBER_NAME.fullmatch(p) for p in parts):
+        raise BundleError(f"{origin}: member name {name!r} is not one a bundle has")
+    if info.name in members:
+        raise BundleError(f"{origin}: member {name!r} appears twice")
 
 
 def _verified(members: dict[str, bytes], origin: str) -> Bundle:
@@ -164,50 +245,126 @@ def _verified(members: dict[str, bytes], origin: str) -> Bundle:
         manifest = json.loads(members.pop(MANIFEST))
         listed: dict[str, dict[str, Any]] = manifest["members"]
         if manifest["format"] != FORMAT:
-            raise BundleError(f"{origin}: bundle format {manifest['format']!r} (this k3repro reads {FORMAT})")
-        if not all(isinstance(v, dict) and set(v) == set(MEMBER_FIELDS) for v in listed.values()):
+            raise BundleError(
+                f"{origin}: bundle format {printable(str(manifest['format']))!r} (this k3repro reads {FORMAT})"
+            )
+        if not isinstance(listed, dict) or not all(
+            isinstance(v, dict)
+            and set(v) == set(MEMBER_FIELDS)
+            and isinstance(v["sha256"], str)
+            and isinstance(v["bytes"], int)
+            for v in listed.values()
+        ):
             raise TypeError("members")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise BundleError(f"{origin}: the manifest is malformed ({exc})") from None
+        if not isinstance(manifest.get("run_id"), str) or not RUN_ID.fullmatch(manifest["run_id"]):
+            raise TypeError("run_id")
+        if not isinstance(manifest.get("produced_by"), str):
+            raise TypeError("produced_by")
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise BundleError(f"{origin}: the manifest is malformed ({printable(str(exc))[:80]})") from None
     for name in members.keys() - listed.keys():
         raise BundleError(f"{origin}: member {name!r} is not in the manifest (added after export)")
     for name in listed.keys() - members.keys():
-        raise BundleError(f"{origin}: member {name!r} listed in the manifest is missing")
+        raise BundleError(f"{origin}: member {printable(name)[:80]!r} listed in the manifest is missing")
     for name, entry in listed.items():
         if sha256(members[name]).hexdigest() != entry["sha256"] or len(members[name]) != entry["bytes"]:
             raise BundleError(f"{origin}: member {name!r} does not match its sha256 in the manifest (tampered)")
-    return Bundle(manifest, {name: members[name] for name in listed})
+    for name in REQUIRED:
+        if name not in listed:
+            raise BundleError(f"{origin}: no {name}; not a k3repro bundle")
+    bundle = Bundle(manifest, {name: members[name] for name in listed})
+    _check_schema(bundle, origin)
+    return bundle
+
+
+def _check_schema(bundle: Bundle, origin: str) -> None:
+    """Every member import or a rerun reads, by type; the first thing wrong is the one line."""
+
+    def need(ok: bool, problem: str) -> None:
+        if not ok:
+            raise BundleError(f"{origin}: {problem}")
+
+    try:
+        run, launch, asked = bundle.run, bundle.launch, bundle.json("request.json")
+        fingerprint = bundle.json("fingerprint.json")
+        events = bundle.events()
+    except (ValueError, RecursionError, json_format.ParseError) as exc:
+        detail = printable(str(exc)).split("\n", 1)[0][:120] or type(exc).__name__
+        raise BundleError(f"{origin}: a member is not valid JSON ({detail})") from None
+    need(isinstance(run, dict), "run.json is not an object")
+    need(run.get("id") == bundle.manifest["run_id"], "run.json's id is not the manifest's run_id")
+    need(isinstance(run.get("cluster"), str) and bool(run["cluster"]), "run.json: cluster must be a name")
+    need(run.get("status") in FINAL, f"run.json: status must be one of {', '.join(FINAL)} (a finished run)")
+    need(run.get("decision") in (None, "", *DECISIONS), "run.json: decision is not fix, isolate or continue")
+    need(all(isinstance(run.get(k), str | None) for k in ("summary", "image")), "run.json: summary/image not text")
+    need(isinstance(launch, dict), "launch.json is not an object")
+    for key in ("cluster", "image", "image_digest", "minimal_command", "profile"):
+        need(isinstance(launch.get(key), str), f"launch.json: {key} must be a string")
+    argv = launch.get("argv")
+    need(isinstance(argv, list) and all(isinstance(a, str) for a in argv), "launch.json: argv must be strings")
+    need(isinstance(asked, dict) and asked.get("api") in APIS, f"request.json: api must be one of {', '.join(APIS)}")
+    repeats = asked.get("repeats")
+    need(type(repeats) is int and 1 <= repeats <= 100, "request.json: repeats must be a whole number 1-100")
+    digest = asked.get("body_sha256")
+    need(
+        isinstance(asked.get("body_json"), str) or (isinstance(digest, str) and bool(SHA256.fullmatch(digest))),
+        "request.json: body_json (text) or body_sha256 (hex) expected",
+    )
+    need(fingerprint is None or isinstance(fingerprint, dict), "fingerprint.json is not an object")
+    need(len(events) <= MAX_EVENTS, f"events.jsonl: over {MAX_EVENTS} events")
+    seqs = [e.seq for e in events]
+    need(all(seq > 0 for seq in seqs) and seqs == sorted(set(seqs)), "events.jsonl: seqs must rise, each once")
+    need(all(e.WhichOneof("payload") not in (None, "heartbeat") for e in events), "events.jsonl: an empty event")
 
 
 def import_bundle(store: Store, bundle: Bundle) -> dict[str, Any]:
-    """Adds a verified bundle's run and events to the store, so it can be shown and rerun here."""
+    """Adds a verified bundle's run and its events to the store, in one transaction. The run keeps the
+    bundle's id unless the store has it already (then it gets a fresh one); its events all get that id,
+    whatever they say; every text is stripped of terminal control sequences (and redacted by the store)."""
+    source = f"bundle:{bundle.sha256[:12]}"
+    if known := store.run_ids_of_runner(source):
+        raise BundleError(f"this bundle is already in this store as run {known[0]}; nothing was imported")
     run = bundle.run
+    run_id = run["id"]
     try:
-        store.get_run(run["id"])
+        store.get_run(run_id)
     except LookupError:
         pass
     else:
-        raise BundleError(f"run {run['id']} is already in this store; nothing was imported")
+        run_id = new_run_id()
     stamp = datetime.now(UTC).isoformat(timespec="milliseconds")
-    launch, request = bundle.launch, bundle.json("request.json")
+    launch, body = bundle.launch, bundle.request_body()
+    asked = bundle.json("request.json")
+    request: dict[str, Any] = {
+        "argv": [printable(a) for a in launch["argv"]],
+        "request": printable(body or ""),
+        "api": asked["api"],
+        "repeats": asked["repeats"],
+        "profile": printable(launch["profile"]),
+    }
+    if body is None:
+        request["body_sha256"] = asked["body_sha256"]
     row = {
-        **run,
-        "runner": f"bundle:{bundle.sha256[:12]}",
-        "requested_by": f"import of {bundle.manifest['produced_by']}",
-        "request_json": json.dumps(
-            {
-                "argv": launch["argv"],
-                "request": request["body_json"],
-                "api": request["api"],
-                "repeats": request["repeats"],
-                "profile": launch["profile"],
-            }
-        ),
+        "id": run_id,
+        "cluster": printable(run["cluster"]),
+        "status": run["status"],
+        "decision": run.get("decision") or None,
+        "summary": printable(run.get("summary") or ""),
+        "image": printable(run.get("image") or ""),
+        "runner": source,
+        "requested_by": printable(f"import of {bundle.manifest['produced_by']}")[:120],
+        "request_json": json.dumps(request),
         "created_at": stamp,
         "updated_at": stamp,
         "finished_at": stamp,
     }
-    store.import_run(row, bundle.events())
+    events = [map_strings(e, printable) for e in bundle.events()]
+    for event in events:
+        event.run_id = run_id
+    try:
+        store.import_run(row, events)
+    except sqlite3.Error as exc:
+        raise BundleError(f"cannot store the bundle's run: {exc}; nothing was imported") from None
     return row
 
 

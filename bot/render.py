@@ -1,4 +1,9 @@
-"""The terminal's view of a run: the same Block Kit blocks Slack gets (bot/blocks.py), printed as text."""
+"""The terminal's view of a run: the same Block Kit blocks Slack gets (bot/blocks.py), printed as text.
+
+What reaches the terminal passes `terminal()`: redacted (the one path, runner/redact.py) and stripped of
+control sequences, so neither a secret nor a crafted escape in an engine's log or an imported bundle
+reaches the screen.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from typing import Any
 
 from bot.blocks import EventBlocks, text_lines
 from protos import runner_pb2 as pb
+from runner.redact import printable, redactor
 
 INDENT = " " * 11
 
@@ -22,11 +28,16 @@ class TextRenderer:
         if not body:
             return []
         stamp = event.at.ToDatetime(tzinfo=UTC).strftime("%H:%M:%S")
-        return [f"[{stamp}] {body[0]}", *(f"{INDENT}{line}" for line in body[1:])]
+        return [terminal(f"[{stamp}] {body[0]}"), *(terminal(f"{INDENT}{line}") for line in body[1:])]
 
 
 def run_header(run: dict[str, Any]) -> str:
-    return (
+    return terminal(
         f"run {run['id']} · cluster {run['cluster']} · runner {run['runner']} · image {run['image']} · "
         f"{run['status']}" + (f" · decision {run['decision']}" if run.get("decision") else "")
     )
+
+
+def terminal(text: str) -> str:
+    """Text as it may be printed: redacted, without terminal control sequences."""
+    return printable(redactor().line(text))

@@ -87,8 +87,16 @@ async def place_rerun(
             f"the bundle of run {original['id']} is {size} bytes, over the limit of {MAX_BUNDLE_BYTES} bytes; "
             "nothing was started"
         )
+    body = bundle.request_body()
+    if body is None:  # the runner kept only the body's sha256 (request_bodies = "hash"): this store has it
+        body = json.loads(original["request_json"] or "{}").get("request") or None
+    if body is None:
+        raise StartRefused(
+            f'the bundle of run {original["id"]} keeps only the request body\'s sha256 (request_bodies = "hash") '
+            "and this store has no body for it; nothing was started"
+        )
     rerun_id = new_run_id()
-    request = rerun_request(bundle, rerun_id, requested_by)
+    request = rerun_request(bundle, rerun_id, requested_by, body)
     try:
         placement = await provider.acquire(rerun_id)
     except IsolationError as exc:
@@ -160,9 +168,10 @@ async def _stored(core: Coordinator, rerun_id: str) -> PlacedRerun:
     return PlacedRerun(rerun_id, row["original_id"], None, provider, placement)
 
 
-def rerun_request(bundle: Bundle, rerun_id: str, requested_by: str) -> pb.StartRunRequest:
-    """The bundle as a StartRun: same argv and request, the image by the digest the scene pinned (a tag can
-    move between the failure and the rerun), the original's change log."""
+def rerun_request(bundle: Bundle, rerun_id: str, requested_by: str, body: str | None = None) -> pb.StartRunRequest:
+    """The bundle as a StartRun: same argv and request (`body`: the bundle's, or the store's when the bundle
+    keeps only its sha256), the image by the digest the scene pinned (a tag can move between the failure and
+    the rerun), the original's change log."""
     launch, asked = bundle.launch, bundle.json("request.json")
     digest = launch["image_digest"]
     image = launch["image"]
@@ -176,7 +185,11 @@ def rerun_request(bundle: Bundle, rerun_id: str, requested_by: str) -> pb.StartR
         cluster=launch["cluster"],
         image=image,
         launch_argv=launch["argv"],
-        request=pb.FixedRequest(api=asked["api"], body_json=asked["body_json"], repeats=asked["repeats"]),
+        request=pb.FixedRequest(
+            api=asked["api"],
+            body_json=body if body is not None else bundle.request_body() or "",
+            repeats=asked["repeats"],
+        ),
         profile=launch["profile"],
         requested_by=requested_by,
         changes=[pb.Change(at=c.get("at", ""), what=c.get("what", ""), by=c.get("by", "")) for c in changes],

@@ -1,7 +1,8 @@
 """The run store: runs, their events (exactly once per (run_id, seq)) and the audit log, in one SQLite file.
 
 All access goes through one thread (`AsyncStore`), so the event loop never blocks on SQLite and there is
-a single writer.
+a single writer. Every text is redacted on its way in (runner/redact.py, the runner's own path): what a
+runner, a bundle, a config or a person gave cannot rest here in clear, whatever later reads it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sqlite_utils
 from google.protobuf import json_format
 
 from protos import runner_pb2 as pb
+from runner.redact import redactor
 
 ACTIVE = ("queued", "running")
 FINAL = ("completed", "cancelled", "error", "lost")
@@ -193,7 +195,7 @@ class Store:
         stamp = now()
         try:
             with self.db.conn:
-                self.db.table("runs").insert({**run, "created_at": stamp, "updated_at": stamp})
+                self.db.table("runs").insert({**redacted(run), "created_at": stamp, "updated_at": stamp})
         except sqlite3.IntegrityError:
             active = self.active_run(run["cluster"])
             if active is None:
@@ -202,7 +204,7 @@ class Store:
 
     def update_run(self, run_id: str, **fields: Any) -> None:
         with self.db.conn:
-            self.db.table("runs").update(run_id, {**fields, "updated_at": now()})
+            self.db.table("runs").update(run_id, {**redacted(fields), "updated_at": now()})
 
     def get_run(self, run_id: str) -> dict[str, Any]:
         """A run by id or by a unique prefix of its id."""
@@ -213,6 +215,9 @@ class Store:
         if len(rows) == 1:
             return rows[0]
         raise RunNotFound(f"no run {run_id!r}" if not rows else f"run id {run_id!r} is ambiguous")
+
+    def run_ids_of_runner(self, runner: str) -> list[str]:
+        return [row["id"] for row in self.db.table("runs").rows_where("runner = ?", [runner], select="id")]
 
     def active_run(self, cluster: str) -> dict[str, Any] | None:
         where = "cluster = ? AND status IN ('queued', 'running') AND rerun_of IS NULL"
@@ -228,13 +233,13 @@ class Store:
     def create_rerun(self, run: dict[str, Any], rerun: dict[str, Any]) -> None:
         """The rerun's run row and its link to the original, together."""
         stamp = now()
-        with self.db.conn:
-            self.db.table("runs").insert({**run, "created_at": stamp, "updated_at": stamp})
-            self.db.table("reruns").insert({**rerun, "created_at": stamp})
+        with self.db.atomic():
+            self.db.table("runs").insert({**redacted(run), "created_at": stamp, "updated_at": stamp})
+            self.db.table("reruns").insert({**redacted(rerun), "created_at": stamp})
 
     def update_rerun(self, run_id: str, **fields: Any) -> None:
         with self.db.conn:
-            self.db.table("reruns").update(run_id, fields)
+            self.db.table("reruns").update(run_id, redacted(fields))
 
     def get_rerun(self, run_id: str) -> dict[str, Any]:
         row: dict[str, Any] = self.db.table("reruns").get(run_id)
@@ -244,9 +249,10 @@ class Store:
         return list(self.db.table("reruns").rows_where("original_id = ?", [original_id], order_by="created_at"))
 
     def import_run(self, run: dict[str, Any], events: list[pb.RunEvent]) -> None:
-        """A run from a bundle, with its events, all or nothing."""
-        with self.db.conn:
-            self.db.table("runs").insert(run)
+        """A run from a bundle, with its events, all or nothing (one transaction: sqlite-utils commits each
+        insert of its own otherwise)."""
+        with self.db.atomic():
+            self.db.table("runs").insert(redacted(run))
             self.db.table("run_events").insert_all(_event_row(event) for event in events)
 
     # --- events ---
@@ -271,7 +277,7 @@ class Store:
     # --- change log ---
 
     def add_change(self, cluster: str, what: str, by: str, via: str) -> dict[str, Any]:
-        row = {"cluster": cluster, "at": now(), "what": what, "by": by, "via": via}
+        row = redacted({"cluster": cluster, "at": now(), "what": what, "by": by, "via": via})
         with self.db.conn:
             self.db.table("changes").insert(row)
         return row
@@ -285,7 +291,7 @@ class Store:
 
     def audit(self, actor: str, action: str, target: str, detail: str = "", via: str = "cli", place: str = "") -> None:
         """`place`: where the action was asked for (a Slack channel id; empty for the terminal)."""
-        row = {"at": now(), "actor": actor, "action": action, "target": target, "detail": detail, "via": via}
+        row = redacted({"at": now(), "actor": actor, "action": action, "target": target, "detail": detail, "via": via})
         with self.db.conn:
             self.db.table("audit_log").insert({**row, "place": place})
 
@@ -293,7 +299,17 @@ class Store:
         return list(self.db.table("audit_log").rows_where(order_by="id DESC", limit=limit))
 
 
+def redacted(row: dict[str, Any]) -> dict[str, Any]:
+    """A row with every text redacted; JSON columns by structure (an escaped request body included)."""
+    text = redactor()
+    return {
+        k: (text.json_text(v) if k.endswith("_json") else text.line(v)) if isinstance(v, str) else v
+        for k, v in row.items()
+    }
+
+
 def _event_row(event: pb.RunEvent) -> dict[str, Any]:
+    event = redactor().message(event)
     return {
         "run_id": event.run_id,
         "seq": event.seq,

@@ -19,7 +19,7 @@ import json
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -119,23 +119,7 @@ class Redactor:
 
     def message(self, message: M) -> M:
         """A copy of a protobuf message with every string in it redacted (JSON artifacts by structure)."""
-        copy = type(message)()
-        copy.CopyFrom(message)
-        self._redact_fields(copy)
-        return copy
-
-    def _redact_fields(self, message: Message) -> None:
-        json_content = getattr(message, "media_type", "") == "application/json"
-        for field, value in message.ListFields():
-            if field.type == FieldDescriptor.TYPE_MESSAGE:
-                for item in value if field.is_repeated else [value]:
-                    self._redact_fields(item)
-            elif field.type == FieldDescriptor.TYPE_STRING:
-                text = self.json_text if json_content and field.name == "content" else self.line
-                if field.is_repeated:
-                    value[:] = [text(v) for v in value]
-                else:
-                    setattr(message, field.name, text(value))
+        return map_strings(message, self.line, self.json_text)
 
     def _secret_key(self, key: str) -> bool:
         return bool(self.secret_keys.search(key)) or (key.isupper() and bool(self.env_names.search(key)))
@@ -155,6 +139,29 @@ class Redactor:
         whole = match.start()
         text = match.group(0)
         return text[: start - whole] + self.mask(match.group("secret")) + text[end - whole :]
+
+
+def map_strings(message: M, text: Callable[[str], str], json_content: Callable[[str], str] | None = None) -> M:
+    """A copy of a protobuf message with `text` applied to every string in it; an artifact's JSON content
+    gets `json_content` instead when given."""
+    copy = type(message)()
+    copy.CopyFrom(message)
+    _map_fields(copy, text, json_content or text)
+    return copy
+
+
+def _map_fields(message: Message, text: Callable[[str], str], json_content: Callable[[str], str]) -> None:
+    is_json = getattr(message, "media_type", "") == "application/json"
+    for field, value in message.ListFields():
+        if field.type == FieldDescriptor.TYPE_MESSAGE:
+            for item in value if field.is_repeated else [value]:
+                _map_fields(item, text, json_content)
+        elif field.type == FieldDescriptor.TYPE_STRING:
+            change = json_content if is_json and field.name == "content" else text
+            if field.is_repeated:
+                value[:] = [change(v) for v in value]
+            else:
+                setattr(message, field.name, change(value))
 
 
 def printable(text: str) -> str:

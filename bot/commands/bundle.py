@@ -7,6 +7,7 @@ from pathlib import Path
 
 from bot.bundle import BundleError, export_bundle, import_bundle, read_bundle
 from bot.commands.common import CommandError, load_config
+from bot.render import terminal
 from bot.store import RunNotFound, Store
 
 
@@ -52,5 +53,11 @@ def run_import(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     finally:
         store.close()
-    print(f"imported run {row['id']} ({row['cluster']}, {row['status']}) from {args.file}: every member verified")
+    renamed = "" if row["id"] == bundle.run["id"] else f" (its id {bundle.run['id']} is taken here)"
+    print(
+        terminal(
+            f"imported run {row['id']}{renamed} ({row['cluster']}, {row['status']}) from {args.file}: "
+            "every member verified"
+        )
+    )
     return 0

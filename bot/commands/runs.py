@@ -8,10 +8,12 @@ import json
 
 from google.protobuf import json_format
 
+from bot.bundle import public_request
 from bot.commands.common import CommandError, coordinator, load_config, operator
 from bot.coordinator import StartRefused
-from bot.render import TextRenderer, run_header
-from bot.store import RunNotFound, Store
+from bot.render import TextRenderer, run_header, terminal
+from bot.store import RunNotFound, Store, redacted
+from runner.redact import redactor
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -38,7 +40,10 @@ def list_runs(args: argparse.Namespace) -> int:
         print("no runs yet")
     for run in rows:
         print(
-            f"{run['id']}  {run['cluster']:<14} {run['status']:<10} {run['decision'] or '-':<9} {run['summary'] or ''}"
+            terminal(
+                f"{run['id']}  {run['cluster']:<14} {run['status']:<10} {run['decision'] or '-':<9} "
+                f"{run['summary'] or ''}"
+            )
         )
     return 0
 
@@ -49,9 +54,10 @@ def show_run(args: argparse.Namespace) -> int:
         run = store.get_run(args.run)
     except RunNotFound as exc:
         raise CommandError(str(exc)) from None
-    events = store.events(run["id"])
-    if args.json:
-        payload = {"run": run, "events": [json_format.MessageToDict(event) for event in events]}
+    events = [redactor().message(event) for event in store.events(run["id"])]
+    if args.json:  # json.dumps escapes control characters: the output is safe for a terminal as it is
+        shown = {**redacted(run), "request_json": json.dumps(public_request(run, events))}
+        payload = {"run": shown, "events": [json_format.MessageToDict(event) for event in events]}
         print(json.dumps(payload, indent=2))
         return 0
     print(run_header(run))

@@ -16,7 +16,7 @@ from typing import Any
 from runner.config import DockerSettings
 from runner.engines.base import LogLine
 from runner.fingerprint import ImageTarget
-from runner.fingerprint.image import DockerUnavailable, docker_client, gpu_device_requests
+from runner.fingerprint.image import PROBE_LABEL, DockerUnavailable, docker_client, gpu_device_requests
 from runner.nvml import NvmlSource, PynvmlSource
 from runner.vllm_cli import split_program
 
@@ -135,12 +135,18 @@ class DockerBackend:
         except DockerUnavailable:
             return 0
         removed = 0
-        # one listing, no per-container inspect: a container that goes away meanwhile cannot fail the clean-up
-        for container in client.api.containers(all=True, filters={"label": RUN_LABEL}):
-            if (container.get("Labels") or {}).get(RUN_LABEL) in run_ids:
-                with contextlib.suppress(Exception):
-                    client.api.remove_container(container["Id"], force=True)
-                    removed += 1
+        # one listing per label, no per-container inspect: a container that goes away meanwhile cannot fail
+        # the clean-up. Freeze's image probe is a leftover too when a runner died during it (it lives seconds).
+        leftovers = [
+            c
+            for c in client.api.containers(all=True, filters={"label": RUN_LABEL})
+            if (c.get("Labels") or {}).get(RUN_LABEL) in run_ids
+        ]
+        leftovers += client.api.containers(all=True, filters={"label": f"{PROBE_LABEL}=1"})
+        for container in leftovers:
+            with contextlib.suppress(Exception):
+                client.api.remove_container(container["Id"], force=True)
+                removed += 1
         return removed
 
 
