@@ -66,10 +66,13 @@ class Context:
     end: re.Pattern[str]
     category: str | None
     secondary_oom: bool
+    frames: re.Pattern[str] | None  # traceback frames that put an error in this stretch
 
 
 @dataclass(frozen=True)
 class FrameHint:
+    """A phase by a traceback frame ([[frame_hint]]) or by a logger's call site ([[module_hint]])."""
+
     phase: str
     pattern: re.Pattern[str]
 
@@ -104,7 +107,7 @@ class ScanSyntax:
 
     errors: frozenset[str]  # lines that can open or name an error: rules, exceptions, error levels, tracebacks
     oom: frozenset[str]  # a later OOM (all that matters of errors once the first is known)
-    edges: Mapping[str, frozenset[str]]  # needles of each marker's and context edge's pattern, by pattern
+    edges: Mapping[str, frozenset[str]]  # needles of each marker's, context edge's and the stop's pattern
 
     def of(self, pattern: re.Pattern[str]) -> frozenset[str]:
         return self.edges[pattern.pattern]
@@ -120,8 +123,10 @@ class Rules:
     markers: tuple[Marker, ...]
     contexts: tuple[Context, ...]
     idle: re.Pattern[str] | None
+    stop: re.Pattern[str] | None
     hangs: tuple[HangRule, ...]
     frame_hints: tuple[FrameHint, ...]
+    module_hints: tuple[FrameHint, ...]
     rules: tuple[ErrorRule, ...]
     hints: Mapping[str, str]
     secondary_oom_hint: str
@@ -131,7 +136,7 @@ class Rules:
     # is known): a single search rejects most lines before the ordered per-rule checks.
     rule_gate: re.Pattern[str]
     oom_gate: re.Pattern[str]
-    frame_gate: re.Pattern[str]
+    frame_gate: re.Pattern[str]  # frame hints and the contexts' frames
     scan: ScanSyntax | None  # None when some pattern has no literal: whole-file analysis reads every line
 
     def category_hint(self, category: str) -> str:
@@ -286,12 +291,22 @@ def parse_rules(data: Mapping[str, Any], origin: str = "rules.toml") -> Rules:
         for m in top.tables("marker")
     )
     contexts = tuple(
-        Context(c.text("name"), c.regex("start"), c.regex("end"), c.category("category"), c.flag("secondary_oom"))
+        Context(
+            c.text("name"),
+            c.regex("start"),
+            c.regex("end"),
+            c.category("category"),
+            c.flag("secondary_oom"),
+            c.regex("frames") if "frames" in c.data else None,
+        )
         for c in top.tables("context")
     )
     idle_table = top.table("idle")
     idle = idle_table.regex("pattern") if "pattern" in idle_table.data else None
+    stop_table = top.table("stop")
+    stop = stop_table.regex("pattern") if "pattern" in stop_table.data else None
     frame_hints = tuple(FrameHint(_required_phase(h, "phase"), h.regex("pattern")) for h in top.tables("frame_hint"))
+    module_hints = tuple(FrameHint(_required_phase(h, "phase"), h.regex("pattern")) for h in top.tables("module_hint"))
     hangs = tuple(
         HangRule(_required_category(h, "category"), h.regex("pattern"), h.optional_text("hint") or "")
         for h in top.tables("hang")
@@ -307,7 +322,7 @@ def parse_rules(data: Mapping[str, Any], origin: str = "rules.toml") -> Rules:
     missing = [c for c in CATEGORIES if c not in hints]
     if missing:
         raise RulesError(f"hints: no hint for categories: {', '.join(missing)}")
-    scan = _scan(syntax, traceback, markers, contexts, rules)
+    scan = _scan(syntax, traceback, markers, contexts, rules, stop)
     sig = top.table("signature")
     replacements: list[tuple[re.Pattern[str], str]] = []
     for i, pair in enumerate(sig.items("replace")):
@@ -323,8 +338,10 @@ def parse_rules(data: Mapping[str, Any], origin: str = "rules.toml") -> Rules:
         markers=markers,
         contexts=contexts,
         idle=idle,
+        stop=stop,
         hangs=hangs,
         frame_hints=frame_hints,
+        module_hints=module_hints,
         rules=rules,
         hints=hints,
         secondary_oom_hint=hints.get("secondary_oom", ""),
@@ -332,7 +349,7 @@ def parse_rules(data: Mapping[str, Any], origin: str = "rules.toml") -> Rules:
         signature_max_chars=sig.integer("max_chars"),
         rule_gate=gate((r.pattern for r in rules), "rule gate"),
         oom_gate=gate((r.pattern for r in rules if r.category == "oom"), "oom gate"),
-        frame_gate=gate((h.pattern for h in frame_hints), "frame gate"),
+        frame_gate=gate([*(h.pattern for h in frame_hints), *(c.frames for c in contexts if c.frames)], "frame gate"),
         scan=scan,
     )
 
@@ -343,11 +360,13 @@ def _scan(
     markers: Iterable[Marker],
     contexts: Iterable[Context],
     rules: Iterable[ErrorRule],
+    stop: re.Pattern[str] | None,
 ) -> ScanSyntax | None:
     """Needles of every pattern whose lines whole-file analysis must not jump over."""
     errors = needles_of([traceback.start, traceback.frame, traceback.standalone, *(r.pattern for r in rules)])
     oom = needles_of(r.pattern for r in rules if r.category == "oom")
     patterns = [m.pattern for m in markers] + [p for c in contexts for p in (c.start, c.end)]
+    patterns += [stop] if stop is not None else []
     edges = {p.pattern: needles_of([p]) for p in patterns}
     if errors is None or oom is None or any(n is None for n in edges.values()):
         return None

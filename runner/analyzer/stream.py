@@ -12,9 +12,14 @@ How the first error is chosen (the rules themselves are data, see rules.toml):
 - Among strong candidates the earliest line wins; a later one is not reported while an earlier one is
   still uncertain. A logged ERROR line followed by a traceback holds its place until the traceback ends
   (at most `header_wait_lines`): it is the root-cause line when it repeats the exception's message.
-- Phase of the error: the rule's phase when only one is possible, else the outermost traceback frame
-  that places it, else the phase the markers reached (`request` once the server was ready), else the
-  rule's usual phase, else the default.
+- Wrappers quote or follow the cause: when one is all there is, the cause it quotes (`Worker failed with
+  error '...'`, `RayTaskError(DistBackendError)`) is classified by the root rules.
+- Phase of the error: the rule's phase when only one is possible; `request` once the server was ready;
+  else the outermost traceback frame that places it (an exception without one waits for the traceback
+  chained to it), else the logger's module, else the phase the markers reached, else the rule's usual
+  phase, else the default. Markers lag behind the code (ranks log at different times), frames do not.
+- A server stopped on purpose after it was serving ([stop]) ends the search: what follows is the stop's
+  echo.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from runner.analyzer.rules import Context, ErrorRule, Marker, Rules, default_rul
 from runner.analyzer.signature import signature
 
 _PHASE_ORDER = {phase: i for i, phase in enumerate(PHASES)}
+# watch(): first error still open; markers and other patterns whose lines count anywhere; later OOMs count
+_WatchKey = tuple[bool, tuple[Marker, ...], tuple[re.Pattern[str], ...], bool]
 _IDLE, _FRAMES, _MESSAGE = 0, 1, 2
 _RULE, _GENERIC, _WEAK, _WRAPPER = 1, 2, 3, 4
 CONTEXT_BEFORE = 3  # lines of the same stream kept before an error
@@ -60,6 +67,7 @@ class ErrorFinding:
     signature: str
     hint: str
     during: str = ""  # the log stretch it happened in (rules.toml [[context]], e.g. "cudagraph_capture")
+    why: tuple[str, ...] = ()  # what chose this line, phase and category (`k3repro analyze --explain`)
 
 
 @dataclass(frozen=True)
@@ -97,7 +105,10 @@ class _Candidate:
     before: tuple[str, ...]
     key: tuple[str, str]
     opened_at: int  # global line count when it was created
+    src: str = ""  # the logger's call site
     frame_phase: str | None = None
+    frame_line: str = ""  # the frame that placed it
+    frame_context: Context | None = None  # a context its traceback's frames put it in
     groups: dict[str, str] = field(default_factory=dict)
     refined: ErrorRule | None = None  # a rule matched by a continuation line of a generic exception
     after: list[str] = field(default_factory=list)
@@ -109,10 +120,13 @@ class _Stream:
     state: int = _IDLE
     recent: deque[str] = field(default_factory=lambda: deque(maxlen=CONTEXT_BEFORE))
     frame_phase: str | None = None
+    frame_line: str = ""
+    frame_context: Context | None = None
     suppress: bool = False  # the next traceback belongs to a benign header
     header: _Candidate | None = None  # a logged ERROR line: heads a traceback if the next line starts one
     reservation: _Candidate | None = None  # a header whose traceback is running
     pending: _Candidate | None = None  # a generic exception whose message may continue
+    unplaced: _Candidate | None = None  # an exception no frame placed, waiting for a chained traceback
     message_lines: int = 0
 
 
@@ -147,9 +161,16 @@ class StreamAnalyzer:
         self._saw_idle = False
         self._rule_gate = self.rules.rule_gate
         self._rule_list = self.rules.rules
+        self._stopped_at = 0  # line of the stop notice that ended a serving run (0: none)
+        self._stop_line = ""
+        self._echoes = 0  # error lines after the stop notice
+        self._demoted: list[tuple[int, str]] = []  # wrappers passed over, for --explain
+        self._marker_at: tuple[int, str] | None = None  # the marker line that moved the phase last
+        self._module_phases: dict[str, str | None] = {}
+        self._frame_contexts = tuple(c for c in self.rules.contexts if c.frames is not None)
         self._active_markers: tuple[Marker, ...] = ()
         self._quiet_gate = self._refresh_quiet()
-        self._watch_cache: dict[tuple[bool, tuple[Marker, ...], bool], Watch] = {}
+        self._watch_cache: dict[_WatchKey, Watch] = {}
         self._touched: dict[tuple[str, str], _Stream] = {}  # streams that may be busy (see watch())
 
     # -- public state ---------------------------------------------------------------------------
@@ -188,17 +209,40 @@ class StreamAnalyzer:
     def lines(self) -> int:
         return self._n
 
+    @property
+    def stopped(self) -> bool:
+        """A serving run was stopped on purpose ([stop]): later errors are its echo."""
+        return bool(self._stopped_at)
+
+    def explain(self) -> tuple[str, ...]:
+        """Why the result is what it is, beyond the finding's own reasons: the stop, the wrappers passed over."""
+        out = list(self._first_error.why if self._first_error else ())
+        if self._stopped_at:
+            out.append(
+                f"stop: line {self._stopped_at} stopped a serving server on purpose ({self._stop_line}); "
+                f"{self._echoes} error line(s) after it are the stop's echo, not failures"
+            )
+        reported = self._first_error.line_no if self._first_error else 0
+        out += [text for line_no, text in self._demoted if line_no != reported]
+        return tuple(out)
+
     def watch(self) -> Watch | None:
         """For whole-file analysis, which jumps over lines: None while every line must be read (a
         traceback, message or header is open, or the rules have no needles); else the literals a line
         must contain to change the result from here on."""
         if self.rules.scan is None or self._open:
             return None
-        key: tuple[bool, tuple[Marker, ...], bool]
+        key: _WatchKey
         if self._first_error is None:
             ok = _idle
-            # Until readiness every marker counts (start-ups are short): fewer needle sets to compile.
-            key = (True, self._active_markers if self._ready else self.rules.markers, False)
+            # Exactly what _quiet looks for: the markers that can still change something, the contexts'
+            # next edges and, while serving, a stop notice (a line repeated in a serving log then costs
+            # one read, not one per repetition).
+            edges = tuple(c.end if c.name in self._contexts else c.start for c in self.rules.contexts)
+            if self._stop_armed():
+                assert self.rules.stop is not None
+                edges += (self.rules.stop,)
+            key = (True, self._active_markers, edges, False)
         else:
             # Only a later OOM (secondary_oom; not in a suppressed traceback) and markers of phases not
             # seen yet can still count. While a phase is unseen every marker that can move the phase
@@ -210,7 +254,7 @@ class StreamAnalyzer:
             def ok(st: _Stream) -> bool:
                 return not (oom and st.suppress)
 
-            key = (False, markers, oom)
+            key = (False, markers, (), oom)
         for stream_key, st in list(self._touched.items()):
             if self._streams.get(stream_key) is st and not ok(st):
                 return None
@@ -220,15 +264,14 @@ class StreamAnalyzer:
             found = self._watch_cache[key] = self._needles(key)
         return found
 
-    def _needles(self, key: tuple[bool, tuple[Marker, ...], bool]) -> Watch:
+    def _needles(self, key: _WatchKey) -> Watch:
         scan = self.rules.scan
         assert scan is not None
-        first, markers, oom = key
-        edges = [m.pattern for m in markers]
+        first, markers, edges, oom = key
+        any_line = frozenset[str]().union(*map(scan.of, [*(m.pattern for m in markers), *edges]))
         if first:
-            edges += [p for c in self.rules.contexts for p in (c.start, c.end)]
-            return Watch(frozenset[str]().union(*map(scan.of, edges)), scan.errors)
-        return Watch(frozenset[str]().union(*map(scan.of, edges)), scan.oom if oom else frozenset())
+            return Watch(any_line, scan.errors)
+        return Watch(any_line, scan.oom if oom else frozenset())
 
     def skip(self, count: int) -> None:
         """Count lines that watch() said cannot change the result, without reading them."""
@@ -328,6 +371,7 @@ class StreamAnalyzer:
             other_stream = self._streams.get(other)
             if other_stream is not None:
                 self._end_message(other_stream)
+                self._place(other_stream)
                 self._resolve_header(other_stream, starts_traceback=False)
         if len(self._last_key_of_proc) > _MAX_STREAMS:
             self._last_key_of_proc.clear()  # pids churn in long logs; this only speeds up message ends
@@ -337,17 +381,21 @@ class StreamAnalyzer:
         if ll.level is not None and ll.level not in self._error_levels:
             self._resolve_header(st, starts_traceback=False)
             self._end_message(st)
-            st.frame_phase = None
+            self._place(st)
+            _clear_frames(st)
             self._quiet(ll, out)
             st.recent.append(ll.display)
             return
+        if self._stop_armed() and self._is_stop(msg) and not self.rules.line.code.match(msg):
+            self._stop(ll)
         if st.header is not None:
             self._resolve_header(st, starts_traceback=tb.start.match(msg) is not None)
         if tb.start.match(msg):
             self._end_message(st)
             st.state = _FRAMES
-            st.frame_phase = None
+            _clear_frames(st)
         elif tb.chain.match(msg) or not msg.strip():
+            # An exception's message ends; one no frame placed waits for the traceback chained to it.
             self._end_message(st)
             st.state = _IDLE
             st.suppress = False
@@ -360,6 +408,7 @@ class StreamAnalyzer:
                 st.state = _FRAMES
                 self._frame(st, msg)
         elif st.state == _FRAMES and tb.exception.match(msg):
+            self._place(st)
             self._exception(st, ll)
             # Markers count in every line but traceback source and structure, whatever the stream's
             # state: so whole-file analysis need not follow tracebacks once the first error is known.
@@ -369,6 +418,7 @@ class StreamAnalyzer:
                 self._continue_message(st, ll, match_rules=True)
             else:
                 st.state = _IDLE  # anything else ends a run of frames that had no exception line
+                self._place(st)
                 self._idle_line(st, ll)
             self._quiet(ll, out)
         st.recent.append(ll.display)
@@ -388,11 +438,30 @@ class StreamAnalyzer:
         return st
 
     def _frame(self, st: _Stream, msg: str) -> None:
-        if st.frame_phase is None and self.rules.frame_gate.search(msg):
-            for hint in self.rules.frame_hints:
-                if hint.pattern.search(msg):
-                    st.frame_phase = hint.phase
-                    break
+        """A traceback line: the outermost frame that places the error, the first context frame."""
+        if (st.frame_phase is None or st.frame_context is None) and self.rules.frame_gate.search(msg):
+            if st.frame_phase is None:
+                for hint in self.rules.frame_hints:
+                    if hint.pattern.search(msg):
+                        st.frame_phase, st.frame_line = hint.phase, msg.strip()
+                        break
+            if st.frame_context is None:
+                st.frame_context = next((c for c in self._frame_contexts if c.frames and c.frames.search(msg)), None)
+        cand = st.unplaced
+        if cand is not None and st.frame_phase is not None:
+            # The traceback chained to an unplaced exception encloses it: its frames place it.
+            cand.frame_phase, cand.frame_line = st.frame_phase, f"{st.frame_line} (chained traceback)"
+            cand.frame_context = cand.frame_context or st.frame_context
+            self._place(st)
+
+    def _module_phase(self, src: str) -> str | None:
+        """The phase the logger's call site runs in ([[module_hint]]); cached, call sites repeat."""
+        if src not in self._module_phases:
+            if len(self._module_phases) > _MAX_STREAMS:
+                self._module_phases.clear()
+            hint = next((h for h in self.rules.module_hints if h.pattern.search(src)), None)
+            self._module_phases[src] = hint.phase if hint else None
+        return self._module_phases[src]
 
     def _match(self, msg: str) -> ErrorRule | None:
         if not self._rule_gate.search(msg):
@@ -408,6 +477,9 @@ class StreamAnalyzer:
         rule = self._match(msg)
         if self._first_error is not None:
             self._after_first(rule)
+            return
+        if self._stopped_at:
+            self._echoes += rule is not None or ll.level is not None or bool(self._tb.standalone.match(msg))
             return
         if rule is not None:
             if rule.kind == "wrapper":
@@ -444,6 +516,10 @@ class StreamAnalyzer:
         if self._first_error is not None:
             self._after_first(rule)
             return
+        if self._stopped_at and reservation is None:
+            self._echoes += 1
+            _clear_frames(st)
+            return
         if rule is not None and rule.kind != "root":
             if rule.kind == "wrapper":
                 self._wrapped(rule, st, ll)
@@ -458,8 +534,8 @@ class StreamAnalyzer:
             if reservation is not None:
                 self._add_weak(reservation)
             cand = self._candidate(st, ll, tier, rule)
-        cand.frame_phase, st.frame_phase = st.frame_phase, None
-        if tier == _RULE:
+        _take_frames(st, cand)
+        if tier == _RULE and not self._unplaced(cand):
             self._settle(cand)
         else:
             st.pending = cand
@@ -480,7 +556,7 @@ class StreamAnalyzer:
         if match_rules:
             rule = self._match(ll.msg)
             if rule is not None and rule.kind == "root":
-                if cand is not None and cand.refined is None:
+                if cand is not None and cand.rule is None and cand.refined is None:
                     cand.refined = rule
                     cand.groups = _groups(rule, ll.msg)
                 elif rule.category == "oom":
@@ -492,6 +568,23 @@ class StreamAnalyzer:
         if st.state == _MESSAGE:
             st.state = _IDLE
         cand, st.pending = st.pending, None
+        if cand is None:
+            return
+        if self._unplaced(cand):
+            self._place(st)
+            st.unplaced = cand  # stays open: a chained traceback's frames may place it (see _frame)
+        else:
+            self._open.remove(cand)
+            self._settle(cand)
+
+    def _unplaced(self, cand: _Candidate) -> bool:
+        """No frame places the error and its phase is not already certain."""
+        rule = cand.rule
+        return cand.frame_phase is None and cand.run_phase != "request" and not (rule is not None and rule.phase_fixed)
+
+    def _place(self, st: _Stream) -> None:
+        """The unplaced exception of this stream is as placed as it gets: it becomes certain."""
+        cand, st.unplaced = st.unplaced, None
         if cand is not None:
             self._open.remove(cand)
             self._settle(cand)
@@ -515,8 +608,15 @@ class StreamAnalyzer:
     def _wrapped(self, rule: ErrorRule, st: _Stream, ll: LogLine) -> None:
         if rule.phase is not None and _later(rule.phase, self._evidence_phase):
             self._evidence_phase = rule.phase
+        if len(self._demoted) < _MAX_WEAK:
+            self._demoted.append((self._n, f"wrapper passed over: line {self._n} ({rule.id}): {ll.display}"))
         if self._wrapper is None:
-            self._wrapper = self._candidate(st, ll, _WRAPPER, rule)
+            cand = self._wrapper = self._candidate(st, ll, _WRAPPER, rule)
+            cause = cand.groups.get("cause")
+            if cause is not None:
+                cand.refined = next((r for r in self.rules.rules if r.kind == "root" and r.pattern.search(cause)), None)
+                cand.groups = {**_groups(cand.refined, cause), **cand.groups}
+        _clear_frames(st)
 
     def _candidate(self, st: _Stream, ll: LogLine, tier: int, rule: ErrorRule | None) -> _Candidate:
         context = next(reversed(self._contexts.values()), None) if self._contexts else None
@@ -531,7 +631,10 @@ class StreamAnalyzer:
             before=tuple(st.recent),
             key=(ll.proc, ll.src),
             opened_at=self._n,
+            src=ll.src,
             frame_phase=st.frame_phase,
+            frame_line=st.frame_line,
+            frame_context=st.frame_context,
             groups=_groups(rule, ll.msg),
         )
 
@@ -557,8 +660,10 @@ class StreamAnalyzer:
                 self._add_weak(cand)
             elif not cand.reserved and waited > tb.max_wait_lines:
                 stream = self._streams.get(cand.key)
-                if stream is not None and stream.pending is cand:
-                    self._end_message(stream)
+                if stream is not None and cand in (stream.pending, stream.unplaced):
+                    if stream.pending is cand:
+                        self._end_message(stream)
+                    self._place(stream)
                 else:
                     self._open.remove(cand)
                     self._settle(cand)
@@ -567,8 +672,8 @@ class StreamAnalyzer:
         best = self._best
         if best is None or any(c.line_no < best.line_no for c in self._open):
             return
-        category = self._category(best)
-        phase = self._phase_of(best)
+        category, category_why = self._categorized(best)
+        phase, phase_why = self._placed(best)
         hint = self._hint(best, category)
         secondary = self._secondary(best, category)
         if secondary:
@@ -577,6 +682,7 @@ class StreamAnalyzer:
                 if category != "oom"
                 else (self.rules.secondary_oom_hint or hint)
             )
+        context = best.frame_context or best.context
         finding = ErrorFinding(
             phase=phase,
             category=category,
@@ -586,14 +692,19 @@ class StreamAnalyzer:
             secondary_oom=secondary,
             signature=signature(self.rules, phase, category, best.msg),
             hint=hint,
-            during=best.context.name if best.context is not None else "",
+            during=context.name if context is not None else "",
+            why=(
+                f"line: {self._chosen(best)}",
+                f"phase: {phase}: {phase_why}",
+                f"category: {category}: {category_why}",
+            ),
         )
         self._first_error = finding
         self._emitted = best
         self._open.clear()
         self._weak.clear()
         for stream in self._streams.values():
-            stream.header = stream.reservation = stream.pending = None
+            stream.header = stream.reservation = stream.pending = stream.unplaced = None
         # From now on only a later OOM matters (it makes this one's OOM secondary).
         self._rule_list = () if category == "oom" else tuple(r for r in self.rules.rules if r.category == "oom")
         self._rule_gate = gate(r.pattern for r in self._rule_list)
@@ -609,44 +720,101 @@ class StreamAnalyzer:
             phase = self._evidence_phase
         return phase
 
-    def _phase_of(self, cand: _Candidate) -> str:
+    def _chosen(self, cand: _Candidate) -> str:
+        """Why this line is the first error."""
         rule = cand.rule
-        if rule is not None and rule.phase_fixed and rule.phase is not None:
-            return rule.phase
-        if cand.tier == _WRAPPER:
-            return cand.run_phase or (rule.phase if rule else None) or self.rules.default_phase
-        return cand.frame_phase or cand.run_phase or (rule.phase if rule else None) or self.rules.default_phase
+        if cand.tier == _WRAPPER and rule is not None:
+            cause = f", quoting {cand.refined.id}" if cand.refined is not None else ""
+            return f"only a wrapper ({rule.id}{cause}) is in the log: the error it wraps is not"
+        if rule is not None:
+            return f"the earliest error a root rule names ({rule.id})"
+        if cand.tier == _WEAK:
+            return "a logged ERROR line: the log has no exception or rule-named error"
+        refined = f" (its message matches {cand.refined.id})" if cand.refined is not None else ""
+        return f"the earliest exception, which no rule names{refined}"
+
+    def _phase_of(self, cand: _Candidate) -> str:
+        return self._placed(cand)[0]
+
+    def _placed(self, cand: _Candidate) -> tuple[str, str]:
+        """The error's phase and what placed it."""
+        rules = (cand.refined, cand.rule) if cand.tier == _WRAPPER else (cand.rule, cand.refined)
+        for rule in rules:
+            if rule is not None and rule.phase_fixed and rule.phase is not None:
+                return rule.phase, f"{rule.id} happens only there"
+        if cand.run_phase == "request":
+            return "request", "the server was serving (a readiness marker came before)"
+        if cand.frame_phase is not None:
+            return cand.frame_phase, f"traceback frame {cand.frame_line}"
+        module = self._module_phase(cand.src) if cand.src else None
+        if module is not None:
+            return module, f"logged by {cand.src}"
+        if cand.run_phase is not None:
+            return cand.run_phase, "the phase the log's markers had reached"
+        for rule in rules:
+            if rule is not None and rule.phase is not None:
+                return rule.phase, f"where {rule.id} usually happens (nothing in the log places it)"
+        return self.rules.default_phase, "nothing in the log places it: the default"
 
     def _category(self, cand: _Candidate) -> str:
+        return self._categorized(cand)[0]
+
+    def _categorized(self, cand: _Candidate) -> tuple[str, str]:
+        """The error's category and what decided it."""
         rules = self.rules
-        rule = cand.rule if cand.rule is not None else cand.refined
+        rule = cand.rule
         if rule is not None and rule.category is not None:
-            return rule.category
+            return rule.category, f"rule {rule.id}"
         if cand.tier == _WRAPPER:
-            return rules.default_category
-        if cand.context is not None and cand.context.category is not None:
-            return cand.context.category
+            if "cause" not in cand.groups:
+                return rules.default_category, "a wrapper that names no cause"
+            rule = cand.refined
+            if rule is not None and rule.category is not None:
+                return rule.category, f"the cause the wrapper quotes matches rule {rule.id}"
+        elif rule is None:
+            rule = cand.refined
+            if rule is not None and rule.category is not None:
+                return rule.category, f"the exception's message matches rule {rule.id}"
+        context = cand.frame_context or cand.context
+        if context is not None and context.category is not None:
+            by = "its traceback's frames" if context is cand.frame_context else "the log"
+            return context.category, f"it happened during {context.name} (by {by})"
         phase = self._phase_of(cand)
         if rule is not None and phase in rule.category_by_phase:
-            return rule.category_by_phase[phase]
-        return rules.category_by_phase.get(phase, rules.default_category)
+            return rule.category_by_phase[phase], f"rule {rule.id} in {phase}"
+        category = rules.category_by_phase.get(phase, rules.default_category)
+        return category, f"no rule names it: the category of an error in {phase}"
 
     def _secondary(self, cand: _Candidate, category: str) -> bool:
         if category == "oom":
-            rule = cand.rule
-            if rule is not None and rule.secondary_oom:
+            if any(rule is not None and rule.secondary_oom for rule in (cand.rule, cand.refined)):
                 return True
-            return cand.context is not None and cand.context.secondary_oom
+            context = cand.frame_context or cand.context
+            return context is not None and context.secondary_oom
         return cand.tier <= _GENERIC and self._last_oom_line > cand.line_no
 
     def _hint(self, cand: _Candidate, category: str) -> str:
-        rule = cand.rule if cand.rule is not None else cand.refined
-        if rule is not None and rule.hint is not None:
-            try:
-                return rule.hint.format_map(cand.groups)
-            except KeyError:
-                pass
+        for rule in (cand.rule, cand.refined):
+            if rule is not None and rule.hint is not None:
+                try:
+                    return rule.hint.format_map(cand.groups)
+                except KeyError:
+                    pass
         return self.rules.category_hint(category)
+
+    # -- a deliberate stop ----------------------------------------------------------------------
+
+    def _stop_armed(self) -> bool:
+        """A stop notice would end the search: the server was serving and nothing failed yet."""
+        return self._ready and not self._stopped_at and self._first_error is None and self.rules.stop is not None
+
+    def _is_stop(self, msg: str) -> bool:
+        stop = self.rules.stop
+        return stop is not None and stop.search(msg) is not None
+
+    def _stop(self, ll: LogLine) -> None:
+        self._stopped_at, self._stop_line = self._n, ll.display
+        self._refresh_quiet()
 
     # -- markers and contexts -------------------------------------------------------------------
 
@@ -666,6 +834,9 @@ class StreamAnalyzer:
         patterns += [c.end if c.name in self._contexts else c.start for c in rules.contexts]
         if rules.idle is not None:
             patterns.append(rules.idle)
+        if self._stop_armed():
+            assert rules.stop is not None
+            patterns.append(rules.stop)
         self._quiet_gate = gate(patterns)
         return self._quiet_gate
 
@@ -676,6 +847,8 @@ class StreamAnalyzer:
         rules = self.rules
         if rules.idle is not None and rules.idle.search(text):
             self._saw_idle = True
+        if self._stop_armed() and self._is_stop(ll.msg):
+            self._stop(ll)
         changed = False
         for context in rules.contexts:
             if context.name in self._contexts:
@@ -702,6 +875,7 @@ class StreamAnalyzer:
             self._evidence_phase = None
             self._ready = False
             self._contexts.clear()
+            self._stopped_at, self._stop_line = 0, ""
         elif _later(phase, before):
             self._marker_phase = phase
         if ready:
@@ -718,10 +892,22 @@ def _idle(st: _Stream) -> bool:
         st.state == _IDLE
         and not st.suppress
         and st.frame_phase is None
+        and st.frame_context is None
         and st.header is None
+        and st.unplaced is None
         and st.reservation is None
         and st.pending is None
     )
+
+
+def _clear_frames(st: _Stream) -> None:
+    st.frame_phase, st.frame_line, st.frame_context = None, "", None
+
+
+def _take_frames(st: _Stream, cand: _Candidate) -> None:
+    """The traceback that just ended placed this candidate (or did not): its frames are the candidate's."""
+    cand.frame_phase, cand.frame_line, cand.frame_context = st.frame_phase, st.frame_line, st.frame_context
+    _clear_frames(st)
 
 
 def _later(phase: str | None, than: str | None) -> bool:
