@@ -53,8 +53,12 @@ class Block:
 class HttpError:
     status: int
     type: str
-    param: str | None
+    param: str | None  # a format string like message
     message: str
+    log: str = ""  # the line the API server logs for it ("" for none), a format string over message too
+    log_level: str = "INFO"
+    log_file: str = ""
+    log_routes: frozenset[str] = frozenset()
 
 
 def _lines(text: str) -> tuple[str, ...]:
@@ -82,7 +86,16 @@ class Catalog:
             for key, raw in data["error"].items()
         }
         self.http = {
-            key: HttpError(raw["status"], raw["type"], raw.get("param"), raw["message"])
+            key: HttpError(
+                raw["status"],
+                raw["type"],
+                raw.get("param"),
+                raw["message"],
+                raw.get("log", ""),
+                raw.get("log_level", "INFO"),
+                raw.get("log_file", ""),
+                frozenset(raw.get("log_routes", ())),
+            )
             for key, raw in data["http"].items()
         }
         self._check()
@@ -186,15 +199,22 @@ class Catalog:
         )
 
     def http_body(self, key: str, **names: object) -> tuple[int, dict[str, object]]:
-        """An HTTP error as vLLM 0.33 returns it: status and `{"error": {...}}` body."""
+        """An HTTP error as vLLM 0.32 returns it: status and `{"error": {...}}` body."""
         error = self.http[key]
         body = {
             "message": error.message.format(**names),
             "type": error.type,
-            "param": error.param,
+            "param": None if error.param is None else error.param.format(**names),
             "code": error.status,
         }
         return error.status, {"error": body}
+
+    def http_log(self, key: str, route: str, message: str) -> tuple[str, str, str] | None:
+        """The (level, file, text) line vLLM logs for this error on this route, if any."""
+        error = self.http[key]
+        if not error.log or route not in error.log_routes:
+            return None
+        return error.log_level, error.log_file, error.log.format(message=message)
 
 
 @cache

@@ -1,4 +1,4 @@
-"""vLLM's output format: `(<proc> pid=<n>) ` on every line, logger lines, bare tracebacks, uvicorn lines.
+"""vLLM's output format: `(<proc> pid=<n>) ` on vLLM's lines, logger lines, bare tracebacks, bare uvicorn lines.
 
 Every write is flushed at once so that a reader following the pipe sees progress as it happens.
 """
@@ -79,5 +79,6 @@ class LogWriter:
         """Lines that bypass the logger (uncaught tracebacks, uvicorn): only the process prefix."""
         self.write(stream, "".join(f"{proc.prefix}{line}\n" for line in lines))
 
-    def uvicorn(self, proc: Proc, message: str) -> None:
-        self.plain(proc, [f"INFO:     {message}"])
+    def uvicorn(self, message: str, stream: Stream = "stderr") -> None:
+        """uvicorn's own lines: vLLM 0.32 gives them no process prefix (its loggers are not vLLM's)."""
+        self.write(stream, f"INFO:     {message}\n")

@@ -1,11 +1,13 @@
 """vLLM's OpenAI-compatible HTTP API, served by aiohttp on the socket bound during start-up.
 
-Bodies, status codes, error texts and headers follow vLLM 0.33 (FastAPI on uvicorn), including the
-uvicorn access log line, so a client or a prober cannot tell it from the real server.
+Bodies, status codes, error texts and headers follow vLLM 0.32 (FastAPI on uvicorn) as its CPU build answers
+the same requests (tests/test_sim_follows_real.py compares them), including the uvicorn access log line, so a
+client or a prober cannot tell it from the real server.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import socket
@@ -24,13 +26,13 @@ from runner.sim.engine import Engine, EngineDeadError, FaultResponseError, Gener
 from runner.sim.facts import VERSION, Facts
 from runner.sim.logwriter import LogWriter, Procs
 from runner.sim.metrics import CONTENT_TYPE, Metrics
-from runner.sim.tokenizer import chat_prompt, detokenize, tokenize
+from runner.sim.tokenizer import chat_prompt, detokenize, token_id, token_of, tokenize
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class BadRequestError(Exception):
-    """A request vLLM refuses with 400 (or the status given); the message is vLLM's."""
+    """A request vLLM refuses: an http error key of errors.toml and the names its texts use."""
 
     def __init__(self, key: str, **names: object) -> None:
         super().__init__(key)
@@ -50,7 +52,7 @@ def _access_logger(log: LogWriter, procs: Procs) -> type[AbstractAccessLogger]:
             line = f"{request.method} {request.path_qs} HTTP/{request.version.major}.{request.version.minor}"
             reason = HTTPStatus(response.status).phrase
             text = template.format(client=client, request_line=line, status=response.status, reason=reason)
-            log.plain(procs.api, [text], "stdout")
+            log.write("stdout", text + "\n")  # uvicorn's access logger: no process prefix
 
     return AccessLogger
 
@@ -61,9 +63,9 @@ async def _fastapi_errors(request: web.Request, handler: Handler) -> web.StreamR
     try:
         return await handler(request)
     except web.HTTPNotFound:
-        return web.json_response({"detail": "Not Found"}, status=404)
+        return _json_response({"detail": "Not Found"}, status=404)
     except web.HTTPMethodNotAllowed:
-        return web.json_response({"detail": "Method Not Allowed"}, status=405)
+        return _json_response({"detail": "Method Not Allowed"}, status=405)
 
 
 async def _uvicorn_headers(request: web.Request, response: web.StreamResponse) -> None:
@@ -80,6 +82,8 @@ class ApiServer:
         self._warned_removed_fields = False
         self._metrics = Metrics(engine, facts.settings.served_model_name, facts.values())
         self._created = int(time.time())
+        seed = f"{facts.settings.model}|{facts.settings.served_model_name}".encode()
+        self._fingerprint = f"vllm-{VERSION}-{hashlib.sha256(seed).hexdigest()[:8]}"
         app = web.Application(middlewares=[_fastapi_errors])
         app.on_response_prepare.append(_uvicorn_headers)
         app.router.add_get("/health", self._health, allow_head=False)
@@ -87,6 +91,8 @@ class ApiServer:
         app.router.add_get("/version", self._version, allow_head=False)
         app.router.add_get("/v1/models", self._models, allow_head=False)
         app.router.add_get("/metrics", self._render_metrics, allow_head=False)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_post("/detokenize", self._detokenize)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         self._runner = web.AppRunner(
@@ -107,7 +113,7 @@ class ApiServer:
         return web.Response(status=503 if self._engine.dead.is_set() else 200)
 
     async def _version(self, request: web.Request) -> web.Response:
-        return web.json_response({"version": VERSION})
+        return _json_response({"version": VERSION})
 
     async def _models(self, request: web.Request) -> web.Response:
         settings = self._facts.settings
@@ -121,7 +127,7 @@ class ApiServer:
             "max_model_len": self._facts.max_model_len,
             "permission": [
                 {
-                    "id": f"modelperm-{uuid.uuid4().hex}",
+                    "id": f"modelperm-{uuid.uuid4().hex[:16]}",
                     "object": "model_permission",
                     "created": self._created,
                     "allow_create_engine": False,
@@ -136,10 +142,43 @@ class ApiServer:
                 }
             ],
         }
-        return web.json_response({"object": "list", "data": [card]})
+        return _json_response({"object": "list", "data": [card]})
 
     async def _render_metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self._metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /tokenize: the exact count of a prompt or a chat (with its template), never refused for length."""
+        try:
+            body = await _json_body(request)
+            self._check_model(body)
+            if "messages" in body:
+                prompt = self._chat_prompt(body, generation_prompt=body.get("add_generation_prompt", True) is True)
+            elif "prompt" in body:
+                prompt = _completion_prompt(body)
+            else:
+                raise _validation(body, [("missing", "body.prompt"), ("missing", "body.messages")])
+        except BadRequestError as refused:
+            return self._error(refused, "tokenize")
+        strs = prompt if body.get("return_token_strs") is True else None
+        answer = {
+            "count": len(prompt),
+            "max_model_len": self._facts.max_model_len,
+            "tokens": [token_id(token) for token in prompt],
+            "token_strs": strs,
+        }
+        return _json_response(answer)
+
+    async def _detokenize(self, request: web.Request) -> web.Response:
+        try:
+            body = await _json_body(request)
+            self._check_model(body)
+        except BadRequestError as refused:
+            return self._error(refused, "tokenize")
+        ids = body.get("tokens")
+        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+            return self._error(_validation(body, [("missing", "body.tokens")]), "tokenize")
+        return _json_response({"prompt": detokenize([token_of(i) for i in ids])})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=True)
@@ -147,27 +186,33 @@ class ApiServer:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
 
-    def _error(self, key: str, **names: object) -> web.Response:
-        status, body = self._catalog.http_body(key, **names)
-        return web.json_response(body, status=status)
+    def _error(self, refused: BadRequestError, route: str) -> web.Response:
+        """The error's body, and the line vLLM logs for it on this route."""
+        status, body = self._catalog.http_body(refused.key, **refused.names)
+        line = self._catalog.http_log(refused.key, route, str(body["error"]["message"]))  # type: ignore[index]
+        if line is not None:
+            level, file, text = line
+            self._log.log(self._procs.api, level, file, text)
+        return _json_response(body, status=status)
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        route = "chat" if chat else "completion"
         try:
             body, generation = await self._accept(request, chat=chat)
         except BadRequestError as refused:
-            return self._error(refused.key, **refused.names)
+            return self._error(refused, route)
         if self._engine.dead.is_set():
-            return self._error("engine_dead")
+            return self._error(BadRequestError("engine_dead"), route)
         if body.get("stream") is True:
             return await self._stream(request, body, generation, chat=chat)
         try:
             tokens = [token async for token in self._engine.run(generation)]
         except EngineDeadError:
-            return self._error("engine_dead")
+            return self._error(BadRequestError("engine_dead"), route)
         except FaultResponseError as fault:
-            return self._error("fault_response", message=str(fault))
+            return self._error(BadRequestError("fault_response", message=str(fault)), route)
         text = detokenize(tokens)
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": generation.finish_reason}
+        choice: dict[str, Any] = {"index": 0}
         if chat:
             choice["message"] = {
                 "role": "assistant",
@@ -176,57 +221,93 @@ class ApiServer:
                 "annotations": None,
                 "audio": None,
                 "function_call": None,
-                "tool_calls": [],
-                "reasoning_content": None,
+                "reasoning": None,
             }
         else:
             choice["text"] = text
-        choice["stop_reason"] = None
+        choice.update(logprobs=None, finish_reason=generation.finish_reason, stop_reason=None, token_ids=None)
+        if not chat:
+            choice.update(prompt_logprobs=None, prompt_token_ids=None)
+        choice["routed_experts"] = None
         payload = {
             **self._head(chat, streaming=False),
             "choices": [choice],
-            "usage": _usage(generation),
-            "prompt_logprobs": None,
-            "kv_transfer_params": None,
+            "service_tier": None,
+            "system_fingerprint": self._fingerprint,
+            "usage": {**_usage(generation), "prompt_tokens_details": None, "completion_tokens_details": None},
         }
-        return web.json_response(payload)
+        if chat:
+            payload.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
+        payload.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
+        return _json_response(payload)
 
     def _head(self, chat: bool, *, streaming: bool) -> dict[str, Any]:
         kind = ("chat.completion" if chat else "text_completion") + (".chunk" if streaming and chat else "")
         prefix = "chatcmpl" if chat else "cmpl"
         return {
-            "id": f"{prefix}-{uuid.uuid4().hex}",
+            "id": f"{prefix}-{uuid.uuid4().hex[:16]}",
             "object": kind,
             "created": int(time.time()),
             "model": self._facts.settings.served_model_name,
         }
 
-    async def _accept(self, request: web.Request, *, chat: bool) -> tuple[dict[str, Any], Generation]:
-        """The validated request: its body and what the engine is to generate for it."""
-        try:
-            body = await request.json()
-        except ValueError:
-            raise BadRequestError("invalid_request", detail="Invalid JSON body") from None
-        if not isinstance(body, dict):
-            raise BadRequestError("invalid_request", detail="The request body must be a JSON object")
-        self._warn_removed_fields(body)
+    def _check_model(self, body: dict[str, Any]) -> None:
         served = self._facts.settings.served_model_name
         if body.get("model") not in (None, served):
-            raise BadRequestError("model_not_found", model=body["model"])
-        prompt = self._chat_prompt(body) if chat else _completion_prompt(body)
+            raise BadRequestError("model_not_found", model=body["model"], aliases=served)
+
+    async def _accept(self, request: web.Request, *, chat: bool) -> tuple[dict[str, Any], Generation]:
+        """The validated request, checked in vLLM's order: its body and what the engine is to generate for it."""
+        body = await _json_body(request)
+        if chat and "messages" not in body:
+            raise _validation(body, [("missing", "body.messages")])
+        self._warn_removed_fields(body)
+        self._check_model(body)
+        if chat:
+            self._check_tools(body)
+            prompt = self._chat_prompt(body, generation_prompt=True)
+        else:
+            prompt = _completion_prompt(body)
         limit = self._facts.max_model_len
         if len(prompt) > limit:
-            raise BadRequestError("prompt_too_long", max_model_len=limit, prompt_tokens=len(prompt))
-        default = limit - len(prompt) if chat else 16  # vLLM: chat fills the context, completions 16
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) if chat else body.get("max_tokens")
-        max_tokens = default if max_tokens is None else max_tokens
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise BadRequestError("invalid_request", detail=f"max_tokens must be at least 1, got {max_tokens}")
-        if len(prompt) + max_tokens > limit:
-            raise BadRequestError(
-                "max_tokens_too_large", max_tokens=max_tokens, max_model_len=limit, prompt_tokens=len(prompt)
-            )
+            by_ids = not chat and isinstance(body.get("prompt"), list) and not isinstance(body["prompt"][0], str)
+            # a text prompt is tokenized only up to one token past the limit
+            key, counted = ("prompt_ids_too_long", len(prompt)) if by_ids else ("prompt_too_long", limit + 1)
+            raise BadRequestError(key, max_model_len=limit, prompt_tokens=counted)
+        name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+        asked = body.get(name)
+        if asked is not None:
+            if isinstance(asked, str) and not asked.strip().lstrip("-").isdigit():
+                raise _validation(body, [("int_parsing", f"body.{name}")], given=asked)
+            if isinstance(asked, str):
+                asked = int(asked)
+            if not isinstance(asked, int) or isinstance(asked, bool):
+                raise BadRequestError("invalid_request", detail=f"{name} must be an integer, got {asked!r}")
+            if asked > limit:
+                raise BadRequestError("max_tokens_too_large", name=name, max_tokens=asked, max_model_len=limit)
+            if asked < 1:
+                raise BadRequestError("max_tokens_too_small", max_tokens=asked)
+        room = limit - len(prompt)
+        max_tokens = room if asked is None and chat else min(16 if asked is None else asked, room)  # vLLM cuts
+        if max_tokens < 1:
+            raise BadRequestError("max_tokens_too_small", max_tokens=max_tokens)
         return body, self._engine.plan(prompt, max_tokens, tools=bool(body.get("tools")))
+
+    def _check_tools(self, body: dict[str, Any]) -> None:
+        """Tools need the flags that let vLLM parse tool calls: without them it refuses the request."""
+        if not body.get("tools"):
+            return
+        command = self._facts.settings.command
+        choice = body.get("tool_choice", "auto")
+        parser = command.has("--tool-call-parser")
+        if choice == "auto" and not (command.has("--enable-auto-tool-choice") and parser):
+            raise BadRequestError("auto_tool_choice")
+        if choice == "required" and not parser:
+            raise BadRequestError("tool_choice_needs_parser", choice='"required"')
+        if isinstance(choice, dict) and not parser:
+            function = choice.get("function")
+            name = function.get("name") if isinstance(function, dict) else None
+            raise BadRequestError("tool_choice_needs_parser", choice=f'function "{name}"')
 
     def _warn_removed_fields(self, body: dict[str, Any]) -> None:
         """vLLM's warning_once for removed guided-decoding fields (ignored: the output is unconstrained)."""
@@ -236,10 +317,12 @@ class ApiServer:
             self._warned_removed_fields = True
             self._log.log(self._procs.of(line["proc"]), "WARNING", line["file"], line["text"].format(fields=removed))
 
-    def _chat_prompt(self, body: dict[str, Any]) -> list[str]:
+    def _chat_prompt(self, body: dict[str, Any], *, generation_prompt: bool) -> list[str]:
         messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequestError("invalid_request", detail="messages: Field required")
+        if not isinstance(messages, list):
+            raise BadRequestError("invalid_request", detail="messages: Input should be a valid list")
+        if not messages:
+            raise BadRequestError("empty_conversation")
         turns = []
         for message in messages:
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
@@ -251,44 +334,49 @@ class ApiServer:
                 raise BadRequestError("invalid_request", detail="messages: content must be a string or parts")
             turns.append({"role": message["role"], "content": content})
         model = self._facts.scenario.model
-        return tokenize(chat_prompt(turns, model.chat_turn, model.chat_generation_prompt))
+        return tokenize(chat_prompt(turns, model.chat_turn, model.chat_generation_prompt if generation_prompt else ""))
 
     async def _stream(
         self, request: web.Request, body: dict[str, Any], generation: Generation, *, chat: bool
     ) -> web.StreamResponse:
-        """Server-sent events as vLLM streams them: deltas, a finish chunk, usage on request, [DONE]."""
+        """Server-sent events as vLLM streams them: deltas (the last one carries finish_reason), usage on
+        request, [DONE]."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await response.prepare(request)
         head = self._head(chat, streaming=True)
 
         async def send(payload: object) -> None:
-            await response.write(f"data: {json.dumps(payload)}\n\n".encode())
+            await response.write(f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode())
 
         def chunk(piece: str, finish: str | None) -> dict[str, Any]:
-            choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+            choice: dict[str, Any] = {"index": 0}
             if chat:
-                choice["delta"] = {"content": piece} if piece or finish is None else {}
+                choice["delta"] = {"content": piece}
             else:
                 choice["text"] = piece
+            choice.update(logprobs=None, finish_reason=finish)
             if finish is not None:
                 choice["stop_reason"] = None
+            choice["token_ids"] = None
             return {**head, "choices": [choice]}
 
         if chat:
-            first = chunk("", None)
-            first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
-            await send(first)
-        sent, tokens = "", []
+            first = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+            first["choices"][0].update(logprobs=None, finish_reason=None)
+            await send({**first, "prompt_token_ids": None, "prompt_text": None})
+        sent, tokens, held = "", [], None
         try:
             async for token in self._engine.run(generation):
                 tokens.append(token)
                 text = detokenize(tokens)
-                await send(chunk(text[len(sent) :], None))
-                sent = text
-            await send(chunk("", generation.finish_reason))
+                if held is not None:
+                    await send(chunk(held, None))
+                held, sent = text[len(sent) :], text
+            await send(chunk(held or "", generation.finish_reason))
             options = body.get("stream_options")
             if isinstance(options, dict) and options.get("include_usage"):
-                await send({**head, "choices": [], "usage": _usage(generation)})
+                usage = {**head, "choices": [], "usage": _usage(generation), "system_fingerprint": self._fingerprint}
+                await send(usage)
         except EngineDeadError:
             _, error = self._catalog.http_body("engine_dead")
             await send(error)
@@ -300,22 +388,70 @@ class ApiServer:
         return response
 
 
+def _json_response(data: object, *, status: int = 200) -> web.Response:
+    """JSON as FastAPI writes it: compact."""
+    return web.json_response(data, status=status, dumps=lambda value: json.dumps(value, separators=(",", ":")))
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object, or FastAPI's validation error for what it got instead."""
+    text = await request.text()
+    if not text.strip():
+        raise _validation(None, [("missing", "body")])
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as bad:
+        raise _validation({}, [("json_invalid", f"body.{bad.pos}")], error=bad.msg) from None
+    if not isinstance(body, dict):
+        raise _validation(body, [("model_attributes_type", "body")])
+    return body
+
+
+_VALIDATION_MSG = {
+    "missing": "Field required",
+    "json_invalid": "JSON decode error",
+    "model_attributes_type": "Input should be a valid dictionary or object to extract fields from",
+    "int_parsing": "Input should be a valid integer, unable to parse string as an integer",
+}
+
+
+def _validation(
+    body: object, errors: list[tuple[str, str]], *, given: object = None, error: str = ""
+) -> BadRequestError:
+    """pydantic's errors as vLLM 0.32 words them: one `{...}` line per error; param is the first one's loc."""
+    if isinstance(body, dict | list):
+        shown: object = f"<{type(body).__name__} of {len(body)} items>"
+    else:
+        shown = "None" if body is None else body
+    lines = []
+    for kind, loc in errors:
+        entry: dict[str, object] = {"type": kind, "loc": loc, "msg": _VALIDATION_MSG[kind]}
+        entry["input"] = given if kind == "int_parsing" else shown
+        if kind == "json_invalid":
+            entry["ctx"] = {"error": error}
+        lines.append(f"  {entry}")
+    return BadRequestError(
+        "validation",
+        count=len(errors),
+        plural="" if len(errors) == 1 else "s",
+        errors="\n".join(lines),
+        loc=errors[0][1],
+    )
+
+
 def _completion_prompt(body: dict[str, Any]) -> list[str]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
-    if isinstance(prompt, str):
+    if isinstance(prompt, str) and prompt:
         return tokenize(prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return [f"<{t}>" for t in prompt]  # token ids: each one is a token
+    if prompt is None or prompt in ("", []):
+        raise BadRequestError("no_prompt")
     raise BadRequestError("invalid_request", detail="prompt must be a string or a list of token ids")
 
 
 def _usage(generation: Generation) -> dict[str, Any]:
     prompt, completion = len(generation.prompt), len(generation.output)
-    return {
-        "prompt_tokens": prompt,
-        "total_tokens": prompt + completion,
-        "completion_tokens": completion,
-        "prompt_tokens_details": None,
-    }
+    return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}

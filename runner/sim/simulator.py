@@ -1,7 +1,7 @@
 """One simulated `vllm serve` from launch to exit: start-up, serving, engine death, signals.
 
 Exit codes follow vLLM: 1 after a failed start-up or once the API server stops over a dead engine,
-0 after SIGTERM / SIGINT (printing the 0.33 shutdown markers).
+0 after SIGTERM / SIGINT (printing vLLM 0.32's `[shutdown]` markers, which tell a requested stop from a crash).
 """
 
 from __future__ import annotations
@@ -106,13 +106,13 @@ class Simulator:
     def _write(self, lines: Sequence[dict[str, Any]]) -> None:
         """Writes untimed log.toml lines (shutdown, exit) whose conditions hold now."""
         conditions = self._facts.conditions() | ({"listening"} if self._listening else set())
-        values = self._facts.values()
+        values = {**self._facts.values(), "engine_pid": self._procs.engine.pid}
         for line in lines:
             if not set(line.get("only", ())) <= conditions:
                 continue
             proc = self._procs.of(line["proc"])
             text = line["text"].format(**values)
             if line.get("kind") == "uvicorn":
-                self._log.uvicorn(proc, text)
+                self._log.uvicorn(text)
             else:
-                self._log.log(proc, "INFO", line["file"], text)
+                self._log.log(proc, line.get("level", "INFO"), line["file"], text)

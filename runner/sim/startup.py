@@ -155,7 +155,7 @@ class Startup:
             if line.kind == "log":
                 self._log.log(proc, line.level, line.file, line.text.format(**values))
             elif line.kind == "uvicorn":
-                self._log.uvicorn(proc, line.text.format(**values))
+                self._log.uvicorn(line.text.format(**values))
             elif line.kind == "routes":
                 for route in load("log.toml")["route"]:
                     self._log.log(proc, line.level, line.file, line.text.format(**route))

@@ -18,6 +18,27 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN.findall(text)
 
 
+_IDS = re.compile(r"<(\d+)>")  # a token given by id (a prompt of token ids) stays that id
+_VOCAB = 1 << 20
+_SEEN: dict[int, str] = {}  # ids handed out, for /detokenize
+
+
+def token_id(token: str) -> int:
+    """A stable id for a token, as /tokenize returns it."""
+    by_id = _IDS.fullmatch(token)
+    if by_id:
+        return int(by_id.group(1))
+    digest = hashlib.sha256(token.encode()).digest()
+    number = int.from_bytes(digest[:4], "big") % _VOCAB
+    _SEEN.setdefault(number, token)
+    return number
+
+
+def token_of(number: int) -> str:
+    """The token an id stands for (one this process handed out, else the id itself)."""
+    return _SEEN.get(number, f"<{number}>")
+
+
 def detokenize(tokens: Sequence[str]) -> str:
     text = ""
     for token in tokens:
