@@ -1,4 +1,4 @@
-"""`k3repro analyze PATH|- [--json]`: output forms and one-line refusals with exit code 2."""
+"""`k3repro analyze PATH|- [--json] [--explain]`: output forms and one-line refusals with exit code 2."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ LOG = "\n".join(
 )
 
 
-def run(path: str, *, as_json: bool = False) -> int:
-    return analyze.run(argparse.Namespace(path=path, json=as_json))
+def run(path: str, *, as_json: bool = False, explain: bool = False) -> int:
+    return analyze.run(argparse.Namespace(path=path, json=as_json, explain=explain))
 
 
 def test_parser_registers_the_subcommand() -> None:
@@ -59,6 +59,36 @@ def test_human_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     for expected in ("phase:         gpu_detect", "category:      nccl_comm", f"line 5: {ROOT}", "secondary OOM: no"):
         assert expected in out
     assert "hint:" in out and f"  > {ROOT}" in out and "init_worker_distributed_environment" in out
+
+
+def test_explain_says_why_this_line_phase_and_category(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    wrapper = "RuntimeError: Engine core initialization failed. See root cause above."
+    log = tmp_path / "vllm.log"
+    log.write_text(f"{LOG}\n{wrapper}\n")
+    assert main(["analyze", "--explain", str(log)]) == 0
+    why = capsys.readouterr().out.split("\nwhy:\n")[1].splitlines()
+    assert why[0] == "  line: the earliest error a root rule names (nccl)"
+    assert why[1].startswith("  phase: gpu_detect: traceback frame File ") and why[1].endswith("in init_device")
+    assert why[2] == "  category: nccl_comm: rule nccl"
+    assert why[3] == f"  wrapper passed over: line 6 (engine_core_init_failed): {wrapper}"
+    assert run(str(log), as_json=True, explain=True) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [line.strip() for line in why] == out["explain"]
+    assert run(str(log), as_json=True) == 0
+    assert "explain" not in json.loads(capsys.readouterr().out)  # the contract without the flag is unchanged
+
+
+def test_explain_names_the_stop_of_a_healthy_server(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "INFO:     Application startup complete.\n"
+        "(APIServer pid=7) INFO 03-02 10:00:00 [launcher.py:99] [shutdown] API server: shutdown triggered\n"
+        "(APIServer pid=7) ERROR 03-02 10:00:00 [async_llm.py:480] AsyncLLM output_handler failed.\n"
+    )
+    assert main(["analyze", "--explain", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("healthy")
+    assert "stop: line 2 stopped a serving server on purpose" in out and "1 error line(s) after it" in out
 
 
 def test_healthy_log_exits_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,4 @@
-"""`k3repro analyze PATH|- [--json]`: the first error of a vLLM log, its phase, category and hint."""
+"""`k3repro analyze PATH|- [--json] [--explain]`: the first error of a vLLM log, its phase, category and hint."""
 
 from __future__ import annotations
 
@@ -22,6 +22,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     parser.add_argument("path", metavar="PATH|-", help="the log file, or - to read standard input")
     parser.add_argument("--json", action="store_true", help="print the analysis as JSON (stable contract)")
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="also say why: the rule that chose the line, what placed the phase, what decided the category, "
+        "the wrappers passed over and a deliberate stop",
+    )
     parser.set_defaults(func=run)
 
 
@@ -38,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"k3repro analyze: {args.path}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(analysis.to_json(), ensure_ascii=False, indent=2))
+        print(json.dumps(analysis.to_json(explain=args.explain), ensure_ascii=False, indent=2))
     else:
-        print(analysis.to_text())
+        print(analysis.to_text(explain=args.explain))
     return 0

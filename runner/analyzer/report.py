@@ -20,15 +20,16 @@ class Analysis:
     phases_seen: tuple[str, ...]
     healthy: bool
     lines: int
+    why: tuple[str, ...] = ()  # why this line, phase and category; the stop and the wrappers passed over
 
     @property
     def phase(self) -> str | None:
         return self.first_error.phase if self.first_error else None
 
-    def to_json(self) -> dict[str, Any]:
-        """The stable contract of `k3repro analyze --json` (issue 3)."""
+    def to_json(self, explain: bool = False) -> dict[str, Any]:
+        """The stable contract of `k3repro analyze --json` (issue 3); `explain` adds the reasons."""
         error = self.first_error
-        return {
+        out = {
             "phase": error.phase if error else None,
             "first_error": {"line": error.line, "lineno": error.line_no} if error else None,
             "category": error.category if error else None,
@@ -37,14 +38,18 @@ class Analysis:
             "phases_seen": list(self.phases_seen),
             "signature": error.signature if error else "",
         }
+        if explain:
+            out["explain"] = list(self.why)
+        return out
 
-    def to_text(self, context: bool = True) -> str:
-        """A short summary for a person in an incident."""
+    def to_text(self, context: bool = True, explain: bool = False) -> str:
+        """A short summary for a person in an incident; `explain` adds why (to trust or challenge it)."""
         phases = " → ".join(self.phases_seen) or "none"
         error = self.first_error
+        why = ["why:", *(f"  {reason}" for reason in self.why)] if explain and self.why else []
         if error is None:
             state = "healthy: the server reached readiness" if self.healthy else "no error found"
-            return f"{state} ({self.lines} lines; phases seen: {phases})"
+            return "\n".join([f"{state} ({self.lines} lines; phases seen: {phases})", *why])
         out = [
             f"phase:         {error.phase}",
             f"category:      {error.category}",
@@ -57,7 +62,7 @@ class Analysis:
         if context and error.context:
             out.append("context:")
             out += [f"  {'>' if line == error.line else ' '} {line}" for line in error.context]
-        return "\n".join(out)
+        return "\n".join([*out, *why])
 
 
 def _finish(analyzer: StreamAnalyzer, context: tuple[str, ...] | None = None) -> Analysis:
@@ -66,10 +71,12 @@ def _finish(analyzer: StreamAnalyzer, context: tuple[str, ...] | None = None) ->
     if error is not None and analyzer.secondary_oom != error.secondary_oom:
         # An OOM that followed a different first error is only known after the finding went out.
         hint = f"{error.hint} {analyzer.rules.secondary_oom_hint}".strip()
-        error = replace(error, secondary_oom=True, hint=hint)
+        why = (*error.why, "secondary OOM: an out-of-memory error followed this different first error")
+        error = replace(error, secondary_oom=True, hint=hint, why=why)
     if error is not None and context is not None:
         error = replace(error, context=context)
-    return Analysis(error, analyzer.phases_seen, analyzer.healthy, analyzer.lines)
+    why = (*(error.why if error else ()), *analyzer.explain())
+    return Analysis(error, analyzer.phases_seen, analyzer.healthy, analyzer.lines, why)
 
 
 def analyze_lines(lines: Iterable[str], rules: Rules | None = None) -> Analysis:

@@ -97,6 +97,7 @@ class ErrorRule:
     phase_fixed: bool
     secondary_oom: bool
     suppress_traceback: bool
+    hang: bool  # a wrapper that interrupts a launch which stopped making progress
     hint: str | None
     examples: tuple[str, ...]
 
@@ -106,7 +107,8 @@ class ScanSyntax:
     """What whole-file analysis searches for: the literal needles of the patterns (runner.analyzer.needles)."""
 
     errors: frozenset[str]  # lines that can open or name an error: rules, exceptions, error levels, tracebacks
-    oom: frozenset[str]  # a later OOM (all that matters of errors once the first is known)
+    oom: frozenset[str]  # a later OOM (what matters of errors once the first is known, with wrappers)
+    wrappers: frozenset[str]  # wrappers, listed by --explain
     edges: Mapping[str, frozenset[str]]  # needles of each marker's, context edge's and the stop's pattern
 
     def of(self, pattern: re.Pattern[str]) -> frozenset[str]:
@@ -365,14 +367,16 @@ def _scan(
     """Needles of every pattern whose lines whole-file analysis must not jump over."""
     errors = needles_of([traceback.start, traceback.frame, traceback.standalone, *(r.pattern for r in rules)])
     oom = needles_of(r.pattern for r in rules if r.category == "oom")
+    wrappers = needles_of(r.pattern for r in rules if r.kind == "wrapper")
     patterns = [m.pattern for m in markers] + [p for c in contexts for p in (c.start, c.end)]
     patterns += [stop] if stop is not None else []
     edges = {p.pattern: needles_of([p]) for p in patterns}
-    if errors is None or oom is None or any(n is None for n in edges.values()):
+    if errors is None or oom is None or wrappers is None or any(n is None for n in edges.values()):
         return None
     return ScanSyntax(
         errors=errors | syntax.error_levels,
         oom=oom,
+        wrappers=wrappers,
         edges={k: v for k, v in edges.items() if v is not None},
     )
 
@@ -399,6 +403,7 @@ def _rule(table: _Table) -> ErrorRule:
         phase_fixed=table.flag("phase_fixed"),
         secondary_oom=table.flag("secondary_oom"),
         suppress_traceback=table.flag("suppress_traceback"),
+        hang=table.flag("hang"),
         hint=hint,
         examples=tuple(table.texts("examples")),
     )

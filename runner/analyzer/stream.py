@@ -43,6 +43,7 @@ CONTEXT_BEFORE = 3  # lines of the same stream kept before an error
 _CONTEXT_AFTER = 3  # message lines kept after it while it is still uncertain
 _MAX_STREAMS = 512  # streams are keyed by pid; old ones are forgotten past this many
 _MAX_WEAK = 16
+_MAX_DEMOTED = 8
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,7 @@ class StreamAnalyzer:
         self._saw_idle = False
         self._rule_gate = self.rules.rule_gate
         self._rule_list = self.rules.rules
+        self._later_oom = False  # after the first error: whether a later OOM makes it secondary
         self._stopped_at = 0  # line of the stop notice that ended a serving run (0: none)
         self._stop_line = ""
         self._echoes = 0  # error lines after the stop notice
@@ -215,8 +217,9 @@ class StreamAnalyzer:
         return bool(self._stopped_at)
 
     def explain(self) -> tuple[str, ...]:
-        """Why the result is what it is, beyond the finding's own reasons: the stop, the wrappers passed over."""
-        out = list(self._first_error.why if self._first_error else ())
+        """Why the result is what it is beyond the finding's own reasons (ErrorFinding.why): the stop
+        that ended the search, the wrappers passed over."""
+        out = []
         if self._stopped_at:
             out.append(
                 f"stop: line {self._stopped_at} stopped a serving server on purpose ({self._stop_line}); "
@@ -244,15 +247,16 @@ class StreamAnalyzer:
                 edges += (self.rules.stop,)
             key = (True, self._active_markers, edges, False)
         else:
-            # Only a later OOM (secondary_oom; not in a suppressed traceback) and markers of phases not
-            # seen yet can still count. While a phase is unseen every marker that can move the phase
-            # matters: on a line with several markers the first active one wins.
+            # Only a later OOM (secondary_oom), a wrapper (--explain lists them; neither in a suppressed
+            # traceback) and markers of phases not seen yet can still count. While a phase is unseen
+            # every marker that can move the phase matters: on a line with several markers the first
+            # active one wins.
             emitted = self._emitted
-            oom = bool(self._rule_list) and emitted is not None and emitted.tier <= _GENERIC and not self.secondary_oom
+            oom = self._later_oom and emitted is not None and emitted.tier <= _GENERIC and not self.secondary_oom
             markers = self._active_markers if any(m.phase not in self._phases_seen for m in self.rules.markers) else ()
 
             def ok(st: _Stream) -> bool:
-                return not (oom and st.suppress)
+                return not st.suppress
 
             key = (False, markers, (), oom)
         for stream_key, st in list(self._touched.items()):
@@ -271,7 +275,7 @@ class StreamAnalyzer:
         any_line = frozenset[str]().union(*map(scan.of, [*(m.pattern for m in markers), *edges]))
         if first:
             return Watch(any_line, scan.errors)
-        return Watch(any_line, scan.oom if oom else frozenset())
+        return Watch(any_line, scan.oom | scan.wrappers if oom else scan.wrappers)
 
     def skip(self, count: int) -> None:
         """Count lines that watch() said cannot change the result, without reading them."""
@@ -476,7 +480,7 @@ class StreamAnalyzer:
         msg = ll.msg
         rule = self._match(msg)
         if self._first_error is not None:
-            self._after_first(rule)
+            self._after_first(rule, ll)
             return
         if self._stopped_at:
             self._echoes += rule is not None or ll.level is not None or bool(self._tb.standalone.match(msg))
@@ -514,7 +518,7 @@ class StreamAnalyzer:
         msg = ll.msg
         rule = self._match(msg)
         if self._first_error is not None:
-            self._after_first(rule)
+            self._after_first(rule, ll)
             return
         if self._stopped_at and reservation is None:
             self._echoes += 1
@@ -541,11 +545,19 @@ class StreamAnalyzer:
             st.pending = cand
             self._open.append(cand)
 
-    def _after_first(self, rule: ErrorRule | None) -> None:
-        """Once the first error is out, a line matters only as a later OOM (the rule list holds only OOM
-        rules then, or none when the first error is itself the OOM)."""
-        if rule is not None:
+    def _after_first(self, rule: ErrorRule | None, ll: LogLine) -> None:
+        """Once the first error is out, a line matters only as a later OOM or as a wrapper to list (the
+        rule list holds only those rules then)."""
+        if rule is None:
+            return
+        if rule.kind == "wrapper":
+            self._demote(rule, ll)
+        if rule.category == "oom" and self._later_oom:
             self._last_oom_line = self._n
+
+    def _demote(self, rule: ErrorRule, ll: LogLine) -> None:
+        if len(self._demoted) < _MAX_DEMOTED:
+            self._demoted.append((self._n, f"wrapper passed over: line {self._n} ({rule.id}): {ll.display}"))
 
     def _continue_message(self, st: _Stream, ll: LogLine, *, match_rules: bool) -> None:
         """A line that may continue the exception message above it (refines a generic one's category)."""
@@ -555,7 +567,9 @@ class StreamAnalyzer:
             cand.after.append(ll.display)
         if match_rules:
             rule = self._match(ll.msg)
-            if rule is not None and rule.kind == "root":
+            if rule is not None and self._first_error is not None:
+                self._after_first(rule, ll)  # whatever the stream's state, as whole-file analysis sees it
+            elif rule is not None and rule.kind == "root":
                 if cand is not None and cand.rule is None and cand.refined is None:
                     cand.refined = rule
                     cand.groups = _groups(rule, ll.msg)
@@ -608,8 +622,7 @@ class StreamAnalyzer:
     def _wrapped(self, rule: ErrorRule, st: _Stream, ll: LogLine) -> None:
         if rule.phase is not None and _later(rule.phase, self._evidence_phase):
             self._evidence_phase = rule.phase
-        if len(self._demoted) < _MAX_WEAK:
-            self._demoted.append((self._n, f"wrapper passed over: line {self._n} ({rule.id}): {ll.display}"))
+        self._demote(rule, ll)
         if self._wrapper is None:
             cand = self._wrapper = self._candidate(st, ll, _WRAPPER, rule)
             cause = cand.groups.get("cause")
@@ -683,6 +696,9 @@ class StreamAnalyzer:
                 else (self.rules.secondary_oom_hint or hint)
             )
         context = best.frame_context or best.context
+        during = context.name if context is not None else ""
+        if best.tier == _WRAPPER and best.rule is not None and best.rule.hang:
+            during = "hang"
         finding = ErrorFinding(
             phase=phase,
             category=category,
@@ -692,7 +708,7 @@ class StreamAnalyzer:
             secondary_oom=secondary,
             signature=signature(self.rules, phase, category, best.msg),
             hint=hint,
-            during=context.name if context is not None else "",
+            during=during,
             why=(
                 f"line: {self._chosen(best)}",
                 f"phase: {phase}: {phase_why}",
@@ -705,8 +721,11 @@ class StreamAnalyzer:
         self._weak.clear()
         for stream in self._streams.values():
             stream.header = stream.reservation = stream.pending = stream.unplaced = None
-        # From now on only a later OOM matters (it makes this one's OOM secondary).
-        self._rule_list = () if category == "oom" else tuple(r for r in self.rules.rules if r.category == "oom")
+        # From now on only a later OOM matters (it makes this one's OOM secondary), and wrappers to list.
+        self._later_oom = category != "oom"
+        self._rule_list = tuple(
+            r for r in self.rules.rules if r.kind == "wrapper" or (self._later_oom and r.category == "oom")
+        )
         self._rule_gate = gate(r.pattern for r in self._rule_list)
         out.append(finding)
 
@@ -723,6 +742,8 @@ class StreamAnalyzer:
     def _chosen(self, cand: _Candidate) -> str:
         """Why this line is the first error."""
         rule = cand.rule
+        if cand.tier == _WRAPPER and rule is not None and rule.hang:
+            return f"the launch was interrupted ({rule.id}) before it was ready: the finding is the hang before it"
         if cand.tier == _WRAPPER and rule is not None:
             cause = f", quoting {cand.refined.id}" if cand.refined is not None else ""
             return f"only a wrapper ({rule.id}{cause}) is in the log: the error it wraps is not"
@@ -765,6 +786,10 @@ class StreamAnalyzer:
         rule = cand.rule
         if rule is not None and rule.category is not None:
             return rule.category, f"rule {rule.id}"
+        if cand.tier == _WRAPPER and rule is not None and rule.hang:
+            phase = self._phase_of(cand)
+            category = rules.category_by_phase.get(phase, rules.default_category)
+            return category, f"a hang in {phase}, categorized like one"
         if cand.tier == _WRAPPER:
             if "cause" not in cand.groups:
                 return rules.default_category, "a wrapper that names no cause"
