@@ -118,8 +118,9 @@ class Redactor:
         return text if redacted == value else json.dumps(redacted, indent=2 if "\n" in text else None)
 
     def message(self, message: M) -> M:
-        """A copy of a protobuf message with every string in it redacted (JSON artifacts by structure)."""
-        return map_strings(message, self.line, self.json_text)
+        """A copy of a protobuf message with every string in it redacted: JSON artifacts by structure, a
+        repeated string (an argv, a log chunk's lines) as an argv, so a secret flag's next token is masked."""
+        return map_strings(message, self.line, json_content=self.json_text, texts=self.argv)
 
     def _secret_key(self, key: str) -> bool:
         return bool(self.secret_keys.search(key)) or (key.isupper() and bool(self.env_names.search(key)))
@@ -141,26 +142,37 @@ class Redactor:
         return text[: start - whole] + self.mask(match.group("secret")) + text[end - whole :]
 
 
-def map_strings(message: M, text: Callable[[str], str], json_content: Callable[[str], str] | None = None) -> M:
+def map_strings(
+    message: M,
+    text: Callable[[str], str],
+    *,
+    json_content: Callable[[str], str] | None = None,
+    texts: Callable[[list[str]], list[str]] | None = None,
+) -> M:
     """A copy of a protobuf message with `text` applied to every string in it; an artifact's JSON content
-    gets `json_content` instead when given."""
+    gets `json_content` and a repeated string field `texts` instead, when given."""
     copy = type(message)()
     copy.CopyFrom(message)
-    _map_fields(copy, text, json_content or text)
+    _map_fields(copy, text, json_content or text, texts or (lambda values: [text(v) for v in values]))
     return copy
 
 
-def _map_fields(message: Message, text: Callable[[str], str], json_content: Callable[[str], str]) -> None:
+def _map_fields(
+    message: Message,
+    text: Callable[[str], str],
+    json_content: Callable[[str], str],
+    texts: Callable[[list[str]], list[str]],
+) -> None:
     is_json = getattr(message, "media_type", "") == "application/json"
     for field, value in message.ListFields():
         if field.type == FieldDescriptor.TYPE_MESSAGE:
             for item in value if field.is_repeated else [value]:
-                _map_fields(item, text, json_content)
+                _map_fields(item, text, json_content, texts)
         elif field.type == FieldDescriptor.TYPE_STRING:
-            change = json_content if is_json and field.name == "content" else text
             if field.is_repeated:
-                value[:] = [change(v) for v in value]
+                value[:] = texts(list(value))
             else:
+                change = json_content if is_json and field.name == "content" else text
                 setattr(message, field.name, change(value))
 
 
