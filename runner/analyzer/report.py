@@ -71,11 +71,13 @@ def _finish(analyzer: StreamAnalyzer, context: tuple[str, ...] | None = None) ->
     if error is not None and analyzer.secondary_oom != error.secondary_oom:
         # An OOM that followed a different first error is only known after the finding went out.
         hint = f"{error.hint} {analyzer.rules.secondary_oom_hint}".strip()
-        why = (*error.why, "secondary OOM: an out-of-memory error followed this different first error")
-        error = replace(error, secondary_oom=True, hint=hint, why=why)
+        error = replace(error, secondary_oom=True, hint=hint)
+        later = ("secondary OOM: an out-of-memory error followed this different first error",)
+    else:
+        later = ()
     if error is not None and context is not None:
         error = replace(error, context=context)
-    why = (*(error.why if error else ()), *analyzer.explain())
+    why = (*(error.why if error else ()), *later, *analyzer.explain())
     return Analysis(error, analyzer.phases_seen, analyzer.healthy, analyzer.lines, why)
 
 
