@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import sys
 from pathlib import Path
 
 from bot.commands import analyze, bundle, check, demo, dev_certs, diff, fingerprint, note, rerun, runs, start
 from bot.commands.common import CommandError
 from bot.config import CONFIG_ENV, DEFAULT_CONFIG
+from bot.store import StoreUnavailable
 from runner.toml_reader import ConfigError
 
 COMMANDS = (start, runs, note, rerun, bundle, demo, dev_certs, analyze, fingerprint, check, diff)
@@ -29,8 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)
-    except (CommandError, ConfigError) as exc:
+    except (CommandError, ConfigError, StoreUnavailable) as exc:
         print(f"k3repro: {exc}", file=sys.stderr)
+        return 2
+    except sqlite3.Error as exc:  # a full or read-only disk, a file that is not a store
+        print(f"k3repro: the run store cannot be used: {exc}", file=sys.stderr)
         return 2
     return code
 

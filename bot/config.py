@@ -137,7 +137,7 @@ def parse_bot_config(data: dict[str, Any], *, base: Path, origin: str) -> BotCon
             key=base / key if key else None,
             server_name=tls_reader.text("server_name", ""),
         )
-    return BotConfig(
+    config = BotConfig(
         store=base / reader.text("store", "k3repro.db"),
         clusters=clusters,
         tls=tls,
@@ -145,6 +145,29 @@ def parse_bot_config(data: dict[str, Any], *, base: Path, origin: str) -> BotCon
         reconnect_for_s=reader.number("reconnect_for_s", 600.0),
         slack=_slack(TomlReader(slack, f"{origin} [slack]")) if (slack := reader.table("slack")) else None,
     )
+    if not config.connect_timeout_s > 0:
+        raise ConfigError(f"{origin}: connect_timeout_s must be above 0, got {config.connect_timeout_s!r}")
+    if not config.reconnect_for_s >= 0:
+        raise ConfigError(f"{origin}: reconnect_for_s must be 0 or more, got {config.reconnect_for_s!r}")
+    if config.store.is_dir():
+        raise ConfigError(f"{origin}: store {str(config.store)!r} is a directory, not a SQLite file")
+    return config
+
+
+def check_tls(tls: ClientTls | None) -> None:
+    """The client's TLS files, readable and PEM, before any connection needs them (a missing file is one
+    line, not a traceback from inside gRPC)."""
+    if tls is None:
+        return
+    for name, path in (("ca", tls.ca), ("cert", tls.cert), ("key", tls.key)):
+        if path is None:
+            continue
+        try:
+            text = path.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"[tls] {name}: cannot read {path}: {exc.strerror}") from None
+        if b"-----BEGIN " not in text:
+            raise ConfigError(f"[tls] {name}: {path} is not a PEM file")
 
 
 SLACK_SECRETS = {
@@ -225,7 +248,10 @@ def _cluster(name: str, reader: TomlReader, base: Path, isolation: IsolationConf
         raise ConfigError(f"{reader.origin}: must be a table")
     launch = reader.data.get("launch")
     if isinstance(launch, str):
-        argv = tuple(shlex.split(launch))
+        try:
+            argv = tuple(shlex.split(launch))
+        except ValueError as exc:  # an unbalanced quote
+            raise ConfigError(f"{reader.origin}: 'launch' cannot be split into arguments: {exc}") from None
     elif isinstance(launch, list) and all(isinstance(token, str) for token in launch):
         argv = tuple(launch)
     else:

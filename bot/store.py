@@ -40,6 +40,10 @@ class RunNotFound(LookupError):
     pass
 
 
+class StoreUnavailable(Exception):
+    """The store's file cannot be opened or written (a read-only or full disk, not a SQLite file); one line."""
+
+
 def _m1_initial(db: sqlite_utils.Database) -> None:
     db.table("runs").create(
         {
@@ -166,13 +170,18 @@ class StoredEvent:
 
 class Store:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite_utils.Database(path)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA busy_timeout=5000")
-        self.db.execute("PRAGMA foreign_keys=ON")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self._migrate()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite_utils.Database(path)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA busy_timeout=5000")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self._migrate()
+        except OSError as exc:
+            raise StoreUnavailable(f"the run store {path} cannot be used: {exc.strerror}") from None
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"the run store {path} cannot be used: {exc}") from None
 
     def _migrate(self) -> None:
         migrations = self.db.table("_migrations")

@@ -78,13 +78,13 @@ class RunnerDaemon:
     async def start(self) -> int:
         """Binds, closes what a previous process left, and starts serving; returns the bound port (useful
         with `listen = "127.0.0.1:0"`). Binding comes first: a daemon that cannot serve touches nothing."""
+        if self.config.tls is not None:
+            _check_pem(self.config.tls.cert, self.config.tls.key, self.config.tls.client_ca)
         try:
             if self.config.tls is None:
                 self.port = self.server.add_insecure_port(self.config.listen)
             else:
                 self.port = self.server.add_secure_port(self.config.listen, server_credentials(self.config.tls))
-        except OSError as exc:
-            raise DaemonStartError(f"cannot read the TLS files: {exc}") from None
         except RuntimeError:
             self.port = 0
         if self.port == 0:
@@ -152,3 +152,16 @@ def _lock_state_dir(state_dir: Path) -> IO[str]:
     handle.write(f"{os.getpid()}\n")
     handle.flush()
     return handle
+
+
+def _check_pem(*paths: Path | None) -> None:
+    """The TLS files, readable and PEM: gRPC would otherwise fail deep inside, or serve nothing."""
+    for path in paths:
+        if path is None:
+            continue
+        try:
+            text = path.read_bytes()
+        except OSError as exc:
+            raise DaemonStartError(f"cannot read the TLS file {path}: {exc.strerror}") from None
+        if b"-----BEGIN " not in text:
+            raise DaemonStartError(f"the TLS file {path} is not PEM")

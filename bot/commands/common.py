@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TextIO
 
-from bot.config import BotConfig, config_path, load_bot_config
+from bot.config import BotConfig, check_tls, config_path, load_bot_config
 from bot.coordinator import Coordinator
 from bot.render import TextRenderer
 from bot.store import AsyncStore
@@ -31,6 +31,7 @@ def operator() -> str:
 
 @asynccontextmanager
 async def coordinator(config: BotConfig) -> AsyncIterator[Coordinator]:
+    check_tls(config.tls)
     store = AsyncStore(config.store)
     try:
         yield Coordinator(config, store)

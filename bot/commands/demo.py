@@ -36,7 +36,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="a built-in scenario name or a scenario file: the deployment, the simulated host, the faults "
         "(default: demo)",
     )
-    parser.add_argument("--speed", type=float, help="sim speed factor (default from the demo config)")
+    parser.add_argument("--speed", type=_positive, help="sim speed factor (default from the demo config)")
     parser.add_argument("--logs", action="store_true", help="also print the engine's log")
     parser.add_argument("--json", action="store_true", help="print only the run report as JSON")
     parser.set_defaults(func=run)
@@ -113,3 +113,14 @@ async def demo(workdir: Path, scenario: Path, speed: float | None, logs: bool, o
     finally:
         await daemon.stop("demo finished")
     return report
+
+
+def _positive(text: str) -> float:
+    """argparse's type for --speed: a factor above 0 (0 would never end, a negative one is meaningless)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
