@@ -11,6 +11,7 @@ import fcntl
 import logging
 import os
 import signal
+import socket
 import sqlite3
 from pathlib import Path
 from typing import IO
@@ -80,6 +81,7 @@ class RunnerDaemon:
         with `listen = "127.0.0.1:0"`). Binding comes first: a daemon that cannot serve touches nothing."""
         if self.config.tls is not None:
             _check_pem(self.config.tls.cert, self.config.tls.key, self.config.tls.client_ca)
+        _check_bindable(self.config.listen)
         try:
             if self.config.tls is None:
                 self.port = self.server.add_insecure_port(self.config.listen)
@@ -165,3 +167,15 @@ def _check_pem(*paths: Path | None) -> None:
             raise DaemonStartError(f"cannot read the TLS file {path}: {exc.strerror}") from None
         if b"-----BEGIN " not in text:
             raise DaemonStartError(f"the TLS file {path} is not PEM")
+
+
+def _check_bindable(listen: str) -> None:
+    """Binds the address once, so a taken port or a foreign address is our one line rather than gRPC's log."""
+    host, _, port = listen.rpartition(":")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds: TIME_WAIT is no conflict
+            probe.bind(address)
+    except OSError as exc:
+        raise DaemonStartError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
