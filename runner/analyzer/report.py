@@ -68,13 +68,12 @@ class Analysis:
 def _finish(analyzer: StreamAnalyzer, context: tuple[str, ...] | None = None) -> Analysis:
     analyzer.close()
     error = analyzer.first_error
+    later: tuple[str, ...] = ()
     if error is not None and analyzer.secondary_oom != error.secondary_oom:
         # An OOM that followed a different first error is only known after the finding went out.
         hint = f"{error.hint} {analyzer.rules.secondary_oom_hint}".strip()
         error = replace(error, secondary_oom=True, hint=hint)
         later = ("secondary OOM: an out-of-memory error followed this different first error",)
-    else:
-        later = ()
     if error is not None and context is not None:
         error = replace(error, context=context)
     why = (*(error.why if error else ()), *later, *analyzer.explain())

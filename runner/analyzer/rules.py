@@ -138,7 +138,8 @@ class Rules:
     # is known): a single search rejects most lines before the ordered per-rule checks.
     rule_gate: re.Pattern[str]
     oom_gate: re.Pattern[str]
-    frame_gate: re.Pattern[str]  # frame hints and the contexts' frames
+    frame_gate: re.Pattern[str]
+    context_frame_gate: re.Pattern[str]  # the contexts' frames
     scan: ScanSyntax | None  # None when some pattern has no literal: whole-file analysis reads every line
 
     def category_hint(self, category: str) -> str:
@@ -351,7 +352,8 @@ def parse_rules(data: Mapping[str, Any], origin: str = "rules.toml") -> Rules:
         signature_max_chars=sig.integer("max_chars"),
         rule_gate=gate((r.pattern for r in rules), "rule gate"),
         oom_gate=gate((r.pattern for r in rules if r.category == "oom"), "oom gate"),
-        frame_gate=gate([*(h.pattern for h in frame_hints), *(c.frames for c in contexts if c.frames)], "frame gate"),
+        frame_gate=gate((h.pattern for h in frame_hints), "frame gate"),
+        context_frame_gate=gate((c.frames for c in contexts if c.frames), "context frame gate"),
         scan=scan,
     )
 

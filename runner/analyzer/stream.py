@@ -35,8 +35,9 @@ from runner.analyzer.rules import Context, ErrorRule, Marker, Rules, default_rul
 from runner.analyzer.signature import signature
 
 _PHASE_ORDER = {phase: i for i, phase in enumerate(PHASES)}
-# watch(): first error still open; markers and other patterns whose lines count anywhere; later OOMs count
-_WatchKey = tuple[bool, tuple[Marker, ...], tuple[re.Pattern[str], ...], bool]
+# watch(): first error still open; markers and other patterns whose lines count anywhere; later OOMs
+# count; wrappers count (--explain lists the first few)
+_WatchKey = tuple[bool, tuple[Marker, ...], tuple[re.Pattern[str], ...], bool, bool]
 _IDLE, _FRAMES, _MESSAGE = 0, 1, 2
 _RULE, _GENERIC, _WEAK, _WRAPPER = 1, 2, 3, 4
 CONTEXT_BEFORE = 3  # lines of the same stream kept before an error
@@ -245,20 +246,22 @@ class StreamAnalyzer:
             if self._stop_armed():
                 assert self.rules.stop is not None
                 edges += (self.rules.stop,)
-            key = (True, self._active_markers, edges, False)
+            key = (True, self._active_markers, edges, False, False)
         else:
-            # Only a later OOM (secondary_oom), a wrapper (--explain lists them; neither in a suppressed
-            # traceback) and markers of phases not seen yet can still count. While a phase is unseen
+            # Only a later OOM (secondary_oom), one of the first few wrappers (--explain lists them; neither
+            # in a suppressed traceback) and markers of phases not seen yet can still count. While a phase is unseen
             # every marker that can move the phase matters: on a line with several markers the first
             # active one wins.
             emitted = self._emitted
             oom = self._later_oom and emitted is not None and emitted.tier <= _GENERIC and not self.secondary_oom
             markers = self._active_markers if any(m.phase not in self._phases_seen for m in self.rules.markers) else ()
 
-            def ok(st: _Stream) -> bool:
-                return not st.suppress
+            wrappers = len(self._demoted) < _MAX_DEMOTED
 
-            key = (False, markers, (), oom)
+            def ok(st: _Stream) -> bool:
+                return not ((oom or wrappers) and st.suppress)
+
+            key = (False, markers, (), oom, wrappers)
         for stream_key, st in list(self._touched.items()):
             if self._streams.get(stream_key) is st and not ok(st):
                 return None
@@ -271,11 +274,11 @@ class StreamAnalyzer:
     def _needles(self, key: _WatchKey) -> Watch:
         scan = self.rules.scan
         assert scan is not None
-        first, markers, edges, oom = key
+        first, markers, edges, oom, wrappers = key
         any_line = frozenset[str]().union(*map(scan.of, [*(m.pattern for m in markers), *edges]))
         if first:
             return Watch(any_line, scan.errors)
-        return Watch(any_line, scan.oom | scan.wrappers if oom else scan.wrappers)
+        return Watch(any_line, (scan.oom if oom else frozenset()) | (scan.wrappers if wrappers else frozenset()))
 
     def skip(self, count: int) -> None:
         """Count lines that watch() said cannot change the result, without reading them."""
@@ -443,14 +446,12 @@ class StreamAnalyzer:
 
     def _frame(self, st: _Stream, msg: str) -> None:
         """A traceback line: the outermost frame that places the error, the first context frame."""
-        if (st.frame_phase is None or st.frame_context is None) and self.rules.frame_gate.search(msg):
-            if st.frame_phase is None:
-                for hint in self.rules.frame_hints:
-                    if hint.pattern.search(msg):
-                        st.frame_phase, st.frame_line = hint.phase, msg.strip()
-                        break
-            if st.frame_context is None:
-                st.frame_context = next((c for c in self._frame_contexts if c.frames and c.frames.search(msg)), None)
+        rules = self.rules
+        if st.frame_phase is None and rules.frame_gate.search(msg):
+            hint = next(h for h in rules.frame_hints if h.pattern.search(msg))
+            st.frame_phase, st.frame_line = hint.phase, msg.strip()
+        if st.frame_context is None and self._frame_contexts and rules.context_frame_gate.search(msg):
+            st.frame_context = next(c for c in self._frame_contexts if c.frames and c.frames.search(msg))
         cand = st.unplaced
         if cand is not None and st.frame_phase is not None:
             # The traceback chained to an unplaced exception encloses it: its frames place it.
