@@ -45,6 +45,7 @@ _CONTEXT_AFTER = 3  # message lines kept after it while it is still uncertain
 _MAX_STREAMS = 512  # streams are keyed by pid; old ones are forgotten past this many
 _MAX_WEAK = 16
 _MAX_DEMOTED = 8
+_DEMOTED_WINDOW = 4096  # lines after the first error in which wrappers are still listed (they follow it closely)
 
 
 @dataclass(frozen=True)
@@ -239,14 +240,15 @@ class StreamAnalyzer:
         key: _WatchKey
         if self._first_error is None:
             ok = _idle
-            # Exactly what _quiet looks for: the markers that can still change something, the contexts'
-            # next edges and, while serving, a stop notice (a line repeated in a serving log then costs
-            # one read, not one per repetition).
+            # What _quiet looks for: until readiness every marker (start-ups are short: fewer needle
+            # sets to compile), then those that can still change something; the contexts' next edges
+            # and, while serving, a stop notice (a line a serving log repeats then costs one read, not
+            # one per repetition).
             edges = tuple(c.end if c.name in self._contexts else c.start for c in self.rules.contexts)
             if self._stop_armed():
                 assert self.rules.stop is not None
                 edges += (self.rules.stop,)
-            key = (True, self._active_markers, edges, False, False)
+            key = (True, self._active_markers if self._ready else self.rules.markers, edges, False, False)
         else:
             # Only a later OOM (secondary_oom), one of the first few wrappers (--explain lists them; neither
             # in a suppressed traceback) and markers of phases not seen yet can still count. While a phase is unseen
@@ -256,7 +258,7 @@ class StreamAnalyzer:
             oom = self._later_oom and emitted is not None and emitted.tier <= _GENERIC and not self.secondary_oom
             markers = self._active_markers if any(m.phase not in self._phases_seen for m in self.rules.markers) else ()
 
-            wrappers = len(self._demoted) < _MAX_DEMOTED
+            wrappers = self._listing_wrappers()
 
             def ok(st: _Stream) -> bool:
                 return not ((oom or wrappers) and st.suppress)
@@ -556,8 +558,13 @@ class StreamAnalyzer:
         if rule.category == "oom" and self._later_oom:
             self._last_oom_line = self._n
 
+    def _listing_wrappers(self) -> bool:
+        """Whether a wrapper is still listed: the first few, close after the first error (if any)."""
+        error = self._first_error
+        return len(self._demoted) < _MAX_DEMOTED and (error is None or self._n - error.line_no <= _DEMOTED_WINDOW)
+
     def _demote(self, rule: ErrorRule, ll: LogLine) -> None:
-        if len(self._demoted) < _MAX_DEMOTED:
+        if self._listing_wrappers():
             self._demoted.append((self._n, f"wrapper passed over: line {self._n} ({rule.id}): {ll.display}"))
 
     def _continue_message(self, st: _Stream, ll: LogLine, *, match_rules: bool) -> None:
