@@ -179,11 +179,6 @@ def _check_ranges(engine: EngineConfig, origin: str) -> None:
 
 def _check_runner(config: RunnerConfig, origin: str) -> None:
     """Values that parse but cannot work, refused at load with the key that is wrong."""
-    if config.engine.backend == "process" and not config.engine.executables:
-        raise ConfigError(
-            f"{origin} [engine]: executables is empty; list the vllm programs this runner may run "
-            '(e.g. executables = ["vllm"], or a venv\'s python for `python -m vllm.entrypoints.openai.api_server`)'
-        )
     if not config.heartbeat_s >= 0.05:
         raise ConfigError(f"{origin}: heartbeat_s must be at least 0.05, got {config.heartbeat_s!r}")
     host, sep, port = config.listen.rpartition(":")

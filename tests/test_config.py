@@ -49,7 +49,6 @@ def sim(top: str = "", engine: str = "") -> str:
             'name = "r"\ncluster = "a"\nallowed_images = ["x"]\nrequest_bodies = "maybe"\n',
             'request_bodies must be "text" or "hash", got \'maybe\'',
         ),
-        ('name = "r"\ncluster = "a"\nallowed_images = ["x"]\n', r"\[engine\]: executables is empty"),
         (
             'name = "r"\ncluster = "a"\nallowed_images = ["x"]\n[engine]\nexecutables = ["no-such-vllm-here"]\n',
             "executable 'no-such-vllm-here' is not found",

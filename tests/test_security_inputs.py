@@ -42,7 +42,6 @@ def test_the_runner_refuses_bad_configs_and_start_ups_in_one_line(certs: DevCert
         "max_concurrent_runs = 0": RUNNER_HEAD + "max_concurrent_runs = 0\n" + SIM,
         "garbage listen": RUNNER_HEAD + 'listen = "nowhere"\n' + SIM,
         "state_dir a file": RUNNER_HEAD + 'state_dir = "a-file"\n' + SIM,
-        "no executables": RUNNER_HEAD,
         "speed -5": RUNNER_HEAD + SIM + "[engine.sim]\nspeed = -5\n",
         "missing TLS file": RUNNER_HEAD + _tls(certs, tmp_path / "absent.pem") + SIM,
         "cert not PEM": RUNNER_HEAD + _tls(certs, tmp_path / "not.pem") + SIM,

@@ -99,7 +99,7 @@ class ProcessBackend:
         if real is not None and real in self.executables:
             return ""
         where = f" ({real})" if real and real != program else ""
-        allowed = ", ".join(sorted(self.executables)) or "none"
+        allowed = ", ".join(sorted(self.executables)) or 'none: list them in runner.toml, e.g. executables = ["vllm"]'
         return f"executable {program!r}{where} is not one of this runner's [engine] executables ({allowed})"
 
     def probe_target(self, argv: list[str], image: str) -> PythonTarget | None:
