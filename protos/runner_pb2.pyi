@@ -88,6 +88,7 @@ class LadderOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LADDER_OUTCOME_CRASH: _ClassVar[LadderOutcome]
     LADDER_OUTCOME_SAME_AS_TARGET: _ClassVar[LadderOutcome]
     LADDER_OUTCOME_NOT_APPLICABLE: _ClassVar[LadderOutcome]
+    LADDER_OUTCOME_PROBE_ERROR: _ClassVar[LadderOutcome]
 
 class Decision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -175,6 +176,7 @@ LADDER_OUTCOME_COMM_ERROR: LadderOutcome
 LADDER_OUTCOME_CRASH: LadderOutcome
 LADDER_OUTCOME_SAME_AS_TARGET: LadderOutcome
 LADDER_OUTCOME_NOT_APPLICABLE: LadderOutcome
+LADDER_OUTCOME_PROBE_ERROR: LadderOutcome
 DECISION_UNSPECIFIED: Decision
 DECISION_FIX: Decision
 DECISION_ISOLATE: Decision

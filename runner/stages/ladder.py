@@ -19,13 +19,16 @@ import aiohttp
 
 from protos import runner_pb2 as pb
 from protos.vocab import LADDER_STEPS, from_id
+from runner.analyzer import default_rules
+from runner.analyzer.signature import signature
 from runner.stages import requests
 from runner.stages.context import Attempt, RunContext, StageResult, StepOutcome
 from runner.stages.launcher import attempt_of, foreign_now, launch
 from runner.stages.prometheus import counter_total
 from runner.vllm_cli import ServeCommand
 
-ERROR_WAIT_S = 3.0  # after a failed request, how long the engine's log gets to show why
+FALLBACK_MAX_MODEL_LEN = 2048  # when neither the server nor the launch says: a probe too short, never too long
+PREFIX_SEED = "k3repro prefix probe."
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,8 @@ async def _step(ctx: RunContext, spec: LadderSpec, step: StepSpec) -> StepOutcom
         return StepOutcome(
             step.id, pb.LADDER_OUTCOME_NOT_APPLICABLE, f"the deployment sets no {step.id} flags", relaunched=False
         )
+    if step.probe == "tools" and desired == stable and not _features(ctx, step):
+        return StepOutcome(step.id, pb.LADDER_OUTCOME_NOT_APPLICABLE, _no_features(step), relaunched=False)
     relaunched = ctx.running is None or ctx.running.argv() != desired.argv()
     if relaunched:
         started = await launch(ctx, desired, f"ladder/{step.id}")
@@ -154,23 +159,56 @@ async def _probe(ctx: RunContext, spec: LadderSpec, step: StepSpec, relaunched: 
         results = await asyncio.gather(*(requests.send(http, ctx, body, n) for n, body in enumerate(bodies, 1)))
     for result in results:
         await ctx.emit(request_result=result)
-    bad = next((r for r in results if r.http_status != 200), None)
-    if bad is None:
-        first = results[0]
-        detail = f"{len(results)} request(s) answered; first: {first.prompt_tokens} prompt tokens, finish {first.finish_reason}"
-        return StepOutcome(step.id, pb.LADDER_OUTCOME_OK, detail, relaunched)
-    return await _request_failed(ctx, spec, step.id, bad, relaunched)
+    failed = next((r for r in results if r.http_status != 200 and not requests.refused_as_invalid(r)), None)
+    if failed is not None:
+        return await _request_failed(ctx, spec, step.id, failed, relaunched)
+    refused = next((r for r in results if r.http_status != 200), None)
+    if refused is not None:
+        return _refused(step.id, refused, relaunched)
+    first = results[0]
+    detail = (
+        f"{len(results)} request(s) answered; first: {first.prompt_tokens} prompt tokens, finish {first.finish_reason}"
+    )
+    if step.probe == "tools":
+        detail = f"{', '.join(_features(ctx, step)) or 'the fixed request'}: {detail}"
+    return StepOutcome(step.id, pb.LADDER_OUTCOME_OK, detail, relaunched)
+
+
+def _refused(step: str, result: pb.RequestResult, relaunched: bool) -> StepOutcome:
+    """The server refused our probe as invalid: the probe is wrong, not the deployment (never a trigger)."""
+    detail = f"the server refused the probe (HTTP {result.http_status}): {result.error or 'no message'}"
+    return StepOutcome(step, pb.LADDER_OUTCOME_PROBE_ERROR, detail, relaunched)
+
+
+def _features(ctx: RunContext, step: StepSpec) -> list[str]:
+    """Which of tool calls and structured output the deployment has (its flags, its fixed request)."""
+    command, body = ctx.command, requests.fixed_body(ctx)
+    has: list[str] = []
+    for name, flags, fields in (
+        ("tool calls", "tool_flags", "tool_fields"),
+        ("structured output", "structured_flags", "structured_fields"),
+    ):
+        if any(command.has(f) for f in step.params[flags]) or any(f in body for f in step.params[fields]):
+            has.append(name)
+    return has
+
+
+def _no_features(step: StepSpec) -> str:
+    flags = " / ".join([*step.params["tool_flags"], *step.params["structured_flags"]])
+    return f"the deployment sets no {flags} and its fixed request asks for neither tool calls nor structured output"
 
 
 async def _bodies(ctx: RunContext, step: StepSpec, http: aiohttp.ClientSession) -> list[dict[str, Any]]:
     if step.probe == "long_input":
-        limit = await _max_model_len(ctx, http)
-        words = min(int(step.params["max_input_words"]), int(limit * float(step.params["input_fraction"])))
-        return [requests.with_text(ctx, requests.filler(words))]
+        budget = await _token_budget(ctx, http, float(step.params["input_fraction"]))
+        return [await requests.sized_body(http, ctx, min(int(step.params["max_input_tokens"]), budget))]
     if step.probe == "concurrent":
         return [requests.fixed_body(ctx) for _ in range(int(step.params["requests"]))]
     if step.probe == "tools":
-        return [requests.with_tools(ctx), requests.with_json_schema(ctx)]
+        features = _features(ctx, step)
+        bodies = [requests.with_tools(ctx)] if "tool calls" in features else []
+        bodies += [requests.with_json_schema(ctx)] if "structured output" in features else []
+        return bodies or [requests.fixed_body(ctx)]
     return [requests.fixed_body(ctx)]
 
 
@@ -178,17 +216,21 @@ async def _repeated_prefix(
     ctx: RunContext, spec: LadderSpec, step: StepSpec, http: aiohttp.ClientSession, relaunched: bool
 ) -> StepOutcome:
     """The same long prefix twice; the second request's cache hit is the /metrics delta it caused."""
-    prefix = requests.filler(int(step.params["prefix_words"]), seed="k3repro prefix probe.")
-    first, second = (requests.with_text(ctx, f"{prefix} Question {n}: what is {n} plus {n}?") for n in (1, 2))
+    budget = await _token_budget(ctx, http, float(step.params["prefix_fraction"]))
+    tokens = min(int(step.params["max_prefix_tokens"]), budget)
+    first, second = [
+        await requests.sized_body(http, ctx, tokens, seed=PREFIX_SEED, tail=f"Question {n}: what is {n} plus {n}?")
+        for n in (1, 2)
+    ]
     warm = await requests.send(http, ctx, first, 1)
     await ctx.emit(request_result=warm)
     if warm.http_status != 200:
-        return await _request_failed(ctx, spec, step.id, warm, relaunched)
+        return await _not_answered(ctx, spec, step.id, warm, relaunched)
     before = await _prefix_counters(ctx, spec, http)
     probe = await requests.send(http, ctx, second, 2)
     await ctx.emit(request_result=probe)
     if probe.http_status != 200:
-        return await _request_failed(ctx, spec, step.id, probe, relaunched)
+        return await _not_answered(ctx, spec, step.id, probe, relaunched)
     await asyncio.sleep(spec.settle_s)
     after = await _prefix_counters(ctx, spec, http)
     if before is None or after is None:
@@ -197,6 +239,14 @@ async def _repeated_prefix(
     detail = f"second request: {hits:,.0f} of {queries:,.0f} prompt tokens served from the prefix cache"
     outcome = pb.LADDER_OUTCOME_CACHE_HIT if hits > 0 else pb.LADDER_OUTCOME_CACHE_MISS
     return StepOutcome(step.id, outcome, detail, relaunched)
+
+
+async def _not_answered(
+    ctx: RunContext, spec: LadderSpec, step: str, result: pb.RequestResult, relaunched: bool
+) -> StepOutcome:
+    if requests.refused_as_invalid(result):
+        return _refused(step, result, relaunched)
+    return await _request_failed(ctx, spec, step, result, relaunched)
 
 
 async def _prefix_counters(
@@ -209,12 +259,22 @@ async def _prefix_counters(
     return None if queries is None or hits is None else (queries, hits)
 
 
-async def _max_model_len(ctx: RunContext, http: aiohttp.ClientSession) -> int:
+async def _token_budget(ctx: RunContext, http: aiohttp.ClientSession, fraction: float) -> int:
+    """Prompt tokens a probe may use: `fraction` of what both the running server (its /v1/models max_model_len)
+    and the deployment (its --max-model-len) accept, leaving room for the request's max_tokens. A prompt longer
+    than production ever takes tests what the deployment does not have."""
+    limits: list[int] = []
     models = await requests.get_json(http, f"{ctx.base_url}/v1/models")
-    for model in (models or {}).get("data", []):
+    for model in models.get("data", []) if isinstance(models, dict) else []:
         if isinstance(model, dict) and isinstance(model.get("max_model_len"), int):
-            return int(model["max_model_len"])
-    return 8192
+            limits.append(int(model["max_model_len"]))
+    for command in (ctx.running, ctx.command):
+        flag = command.value("--max-model-len") if command is not None else None
+        if isinstance(flag, str) and flag.isdigit():
+            limits.append(int(flag))
+    limit = min(limits, default=FALLBACK_MAX_MODEL_LEN)
+    room = limit - int(requests.fixed_body(ctx).get("max_tokens") or 0) - 1
+    return max(1, min(int(limit * fraction), room))
 
 
 async def _request_failed(
@@ -223,13 +283,15 @@ async def _request_failed(
     """A failed request is explained by the engine's first error when its log shows one."""
     follower = ctx.follower
     if follower is not None:
-        await asyncio.wait([follower.first_error], timeout=ERROR_WAIT_S)
+        await follower.wait_first_error()
     error = follower.first_error.result() if follower is not None and follower.first_error.done() else None
     error = error or await requests.hang_of(ctx, result)
     summary = result.error or f"HTTP {result.http_status}"
     if error is None:
-        failure = Attempt("request", "request_error", f"http {result.http_status}", foreign=foreign_now(ctx))
-        return _failed(spec, step, summary, failure, relaunched)
+        said = signature(default_rules(), "request", "request_error", summary)
+        return _failed(
+            spec, step, summary, Attempt("request", "request_error", said, foreign=foreign_now(ctx)), relaunched
+        )
     ctx.running = None  # an engine that logged a fatal error is not a server to reuse
     summary = f"failed in {error.phase} ({error.category}): {error.line}"
     return _failed(spec, step, summary, attempt_of(ctx, error), relaunched)

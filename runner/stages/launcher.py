@@ -18,6 +18,10 @@ from runner.vllm_cli import ServeCommand
 
 POLL_S = 0.25
 DRAIN_POLL_S = 2.0
+# A launch that failed is stopped at once, after this long for the rest of its traceback (and a later OOM)
+# to reach the log: vLLM often does not exit on SIGTERM after a start-up failure, and the grace period is
+# GPU time spent on an engine that is already dead.
+FAILED_STOP_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,7 @@ async def launch(ctx: RunContext, command: ServeCommand, source: str) -> Launch:
     ready, summary, failure = await _until_ready(ctx, follower)
     error = follower.first_error.result() if follower.first_error.done() else None
     if not ready:
-        await release(ctx)
+        await release(ctx, grace_s=FAILED_STOP_S)
     if error is not None:
         failure = attempt_of(ctx, error)
     elif failure is not None:
@@ -107,10 +111,15 @@ async def _guard_gpu_memory(ctx: RunContext) -> None:
         )
 
 
-async def release(ctx: RunContext) -> None:
-    """Stops the engine and lets its log follower send the last lines, so nothing arrives after the run ends."""
+async def release(ctx: RunContext, grace_s: float | None = None) -> None:
+    """Stops the engine and lets its log follower send the last lines, so nothing arrives after the run ends.
+
+    From here on the engine's log is the echo of our stop, not evidence (the follower is told so first)."""
+    if ctx.follower is not None:
+        ctx.follower.stopping()
     if ctx.engine is not None and ctx.engine.returncode is None:
-        await ctx.engine.stop(ctx.config.engine.stop_grace_s)
+        grace = ctx.config.engine.stop_grace_s if grace_s is None else min(grace_s, ctx.config.engine.stop_grace_s)
+        await ctx.engine.stop(grace)
     if ctx.follower is not None:
         await ctx.follower.drain(timeout_s=5.0)
     ctx.running = None

@@ -18,6 +18,7 @@ from runner.stages.context import Emit
 
 CHUNK_LINES = 200  # a log chunk is sent when this many lines wait ...
 CHUNK_INTERVAL_S = 1.0  # ... or this long after its first line
+ERROR_WAIT_S = 3.0  # after a failed answer, how long the engine's log gets to show why
 
 
 class LogFollower:
@@ -32,7 +33,13 @@ class LogFollower:
         self._phase: str | None = None
         self._pending: list[str] = []
         self._pending_since = 0.0
+        self._stopping = False
         self._task = asyncio.create_task(self._follow())
+
+    def stopping(self) -> None:
+        """The runner is stopping the engine: what it logs from now on is the stop's echo (vLLM's shutdown
+        path logs EngineDeadError tracebacks and "EngineCore failed to start."), never a finding."""
+        self._stopping = True
 
     @property
     def ended(self) -> bool:
@@ -83,11 +90,15 @@ class LogFollower:
                     phase_reached=pb.PhaseReached(phase=from_id(pb.Phase, finding.phase), line=finding.line)
                 )
             return
-        if self.first_error.done():
+        if self.first_error.done() or self._stopping:
             return
         await self._flush()
         await self._emit(first_error=first_error_message(finding))
         self.first_error.set_result(finding)
+
+    async def wait_first_error(self, timeout_s: float = ERROR_WAIT_S) -> None:
+        """Gives the log a moment to show the first error (a failed answer usually comes before it)."""
+        await asyncio.wait([self.first_error], timeout=timeout_s)
 
     async def hang(self, stall: Stall) -> ErrorFinding:
         """Reports a hang as this launch's first error (no progress is itself the finding)."""

@@ -23,6 +23,12 @@ LOG_SETTLE_S = 0.05
 MAX_WARNING_CHARS = 500
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 FILLER = "The quick brown fox jumps over the lazy dog while the cluster keeps serving tokens."
+# Answers that say OUR request was invalid (too long, unknown model, a feature the server was not started
+# with): the server works, the probe does not; never a crash, never a trigger.
+REFUSED_AS_INVALID = frozenset({400, 404, 413, 422})
+TOKENS_PER_WORD_GUESS = 2.0  # when the server cannot count (no /tokenize): errs on the short side
+SIZING_ROUNDS = 4
+SIZED_WITHIN = 0.97  # a sized probe ends up between this share of its token budget and the budget
 
 
 def api(ctx: RunContext) -> str:
@@ -68,7 +74,7 @@ SCHEMA = {
 
 
 def with_tools(ctx: RunContext) -> dict[str, Any]:
-    """The fixed request with a tool the model may call (agent traffic)."""
+    """The fixed request with a tool the model may call (agent traffic; needs --enable-auto-tool-choice)."""
     return {**fixed_body(ctx), "tools": [TOOL], "tool_choice": "auto"}
 
 
@@ -82,6 +88,47 @@ def filler(words: int, seed: str = "") -> str:
     return " ".join([seed, *(base[i % len(base)] for i in range(words))]).strip()
 
 
+def refused_as_invalid(result: pb.RequestResult) -> bool:
+    return result.http_status in REFUSED_AS_INVALID
+
+
+def headers(ctx: RunContext) -> dict[str, str]:
+    """What a client of this deployment sends: its API key when the server was started with one."""
+    command = ctx.running or ctx.command
+    key = command.value("--api-key")
+    return {"Authorization": f"Bearer {key}"} if isinstance(key, str) and key else {}
+
+
+async def count_tokens(http: aiohttp.ClientSession, ctx: RunContext, body: dict[str, Any]) -> int | None:
+    """The prompt's exact token count as the running server tokenizes it (vLLM's /tokenize), None if it cannot."""
+    query = {"model": body.get("model", ctx.command.served_model_name)}
+    query.update({k: body[k] for k in ("messages", "prompt") if k in body})
+    try:
+        async with http.post(
+            f"{ctx.base_url}/tokenize", json=query, headers=headers(ctx), timeout=aiohttp.ClientTimeout(total=30)
+        ) as response:
+            answer = await response.json(content_type=None) if response.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError):
+        return None
+    count = answer.get("count") if isinstance(answer, dict) else None
+    return count if isinstance(count, int) else None
+
+
+async def sized_body(
+    http: aiohttp.ClientSession, ctx: RunContext, tokens: int, *, seed: str = "", tail: str = ""
+) -> dict[str, Any]:
+    """The fixed request with an input (seed, filler, tail) just under `tokens` prompt tokens, by the running
+    server's own count: a probe that exceeds the context tests nothing but our arithmetic."""
+    words = max(1, int(tokens / TOKENS_PER_WORD_GUESS))
+    for _ in range(SIZING_ROUNDS):
+        body = with_text(ctx, f"{filler(words, seed)} {tail}".strip())
+        count = await count_tokens(http, ctx, body)
+        if count is None or SIZED_WITHIN * tokens <= count <= tokens:
+            return body
+        words = max(1, int(words * tokens / count * SIZED_WITHIN))
+    return with_text(ctx, f"{filler(words, seed)} {tail}".strip())
+
+
 async def send(http: aiohttp.ClientSession, ctx: RunContext, body: dict[str, Any], attempt: int) -> pb.RequestResult:
     """One request; whatever happens becomes a RequestResult (status 0 when nothing answered), with the GPU
     memory in use before and after it and the warnings the engine logged meanwhile."""
@@ -91,7 +138,9 @@ async def send(http: aiohttp.ClientSession, ctx: RunContext, body: dict[str, Any
     started = time.monotonic()
     timeout = aiohttp.ClientTimeout(total=ctx.config.engine.request_timeout_s)
     try:
-        async with http.post(f"{ctx.base_url}{PATHS[api(ctx)]}", json=body, timeout=timeout) as response:
+        async with http.post(
+            f"{ctx.base_url}{PATHS[api(ctx)]}", json=body, headers=headers(ctx), timeout=timeout
+        ) as response:
             result.http_status = response.status
             answer = await response.json(content_type=None)
     except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:

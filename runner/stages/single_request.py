@@ -1,12 +1,23 @@
-"""single_request: the fixed request, sent several times to the running server, recorded as it answers."""
+"""single_request: the fixed request, sent several times to the running server, recorded as it answers.
+
+A request that kills the engine (or never comes back) is the failure being reproduced, exactly like a launch
+failure: its first error is saved and the minimal configuration is launched again and asked again
+(engine.failure_attempts in all), so whether it repeats is decided by evidence. A request the server refuses
+as invalid (a 4xx) says the fixed request is wrong, not the deployment: nothing is relaunched.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import aiohttp
 
 from protos import runner_pb2 as pb
-from runner.stages.context import RunContext, StageResult
-from runner.stages.requests import fixed_body, hang_of, send
+from runner.analyzer import ErrorFinding, default_rules
+from runner.analyzer.signature import signature
+from runner.stages.context import Attempt, RunContext, StageResult
+from runner.stages.launcher import attempt_of, foreign_now, launch
+from runner.stages.requests import fixed_body, hang_of, refused_as_invalid, send
 
 DEFAULT_REPEATS = 3
 
@@ -14,16 +25,62 @@ DEFAULT_REPEATS = 3
 async def run(ctx: RunContext) -> StageResult:
     body = fixed_body(ctx)
     repeats = ctx.request.request.repeats or DEFAULT_REPEATS
+    results = await _ask(ctx, body, repeats)
+    crash = await _engine_error(ctx, results)
+    if crash is not None:
+        return await _reproduce(ctx, body, crash, results)
+    return await _judge(ctx, results, repeats)
+
+
+async def _ask(ctx: RunContext, body: dict[str, Any], repeats: int, first: int = 1) -> list[pb.RequestResult]:
+    """Sends the fixed request up to `repeats` times; stops once the engine has logged its first error."""
     results: list[pb.RequestResult] = []
     async with aiohttp.ClientSession() as http:
-        for attempt in range(1, repeats + 1):
+        for attempt in range(first, first + repeats):
             result = await send(http, ctx, body, attempt)
             results.append(result)
             await ctx.emit(request_result=result)
             await hang_of(ctx, result)
             if ctx.follower is not None and ctx.follower.first_error.done():
                 break
-    return await _judge(ctx, results, repeats)
+    return results
+
+
+async def _engine_error(ctx: RunContext, results: list[pb.RequestResult]) -> ErrorFinding | None:
+    """The engine's first error behind a failed answer, once its log had a moment to show it."""
+    follower = ctx.follower
+    if follower is None or all(r.http_status == 200 or refused_as_invalid(r) for r in results):
+        return None
+    if not follower.first_error.done():
+        await follower.wait_first_error()
+    return follower.first_error.result() if follower.first_error.done() else None
+
+
+async def _reproduce(
+    ctx: RunContext, body: dict[str, Any], crash: ErrorFinding, results: list[pb.RequestResult]
+) -> StageResult:
+    evidence = f"{crash.phase} · {crash.category} · {crash.line}"
+    await ctx.check(pb.CHECKLIST_ID_FIRST_ERROR_SAVED, pb.CHECKLIST_STATE_HOLDS, evidence)
+    ctx.attempts.append(attempt_of(ctx, crash))
+    ctx.running = None  # an engine that logged a fatal error is not a server to reuse
+    number = len(results)
+    for attempt in range(2, ctx.config.engine.failure_attempts + 1):
+        again = await launch(ctx, ctx.command.minimal(), f"single_request/attempt-{attempt}")
+        if not again.ready:
+            ctx.attempts.append(again.failure or Attempt("", "other", again.summary))
+            continue
+        answers = await _ask(ctx, body, 1, first=number + 1)
+        number += len(answers)
+        error = await _engine_error(ctx, answers)
+        ctx.attempts.append(attempt_of(ctx, error) if error is not None else Attempt("", "", ""))
+        if error is not None:
+            ctx.running = None
+    same = sum(1 for a in ctx.attempts if (a.phase, a.signature) == (ctx.attempts[0].phase, ctx.attempts[0].signature))
+    return StageResult(
+        pb.STAGE_STATUS_FAILED,
+        f"the fixed request kills the engine: failed in {crash.phase} ({crash.category}): {crash.line} "
+        f"({same} of {len(ctx.attempts)} attempts failed the same way)",
+    )
 
 
 def describe(result: pb.RequestResult) -> str:
@@ -46,6 +103,18 @@ async def _judge(ctx: RunContext, results: list[pb.RequestResult], repeats: int)
         return StageResult(pb.STAGE_STATUS_OK, f"{repeats}/{repeats} answered: {described}")
     failed = next(r for r in results if r.http_status != 200)
     reason = failed.error or f"HTTP {failed.http_status}"
+    if refused_as_invalid(failed):
+        return StageResult(
+            pb.STAGE_STATUS_FAILED,
+            f"the server refuses the fixed request as invalid (HTTP {failed.http_status}: {reason}): "
+            "fix the request in the cluster's config; the deployment was not tested",
+        )
+    # The server answered with an error and logged none: the answer is the evidence, repeated on one server.
+    said = signature(default_rules(), "request", "request_error", reason)
+    for result in results:
+        if result.http_status != 200:
+            ctx.attempts.append(Attempt("request", "request_error", said, foreign=foreign_now(ctx)))
+    await ctx.check(pb.CHECKLIST_ID_FIRST_ERROR_SAVED, pb.CHECKLIST_STATE_HOLDS, f"request · request_error · {reason}")
     return StageResult(
         pb.STAGE_STATUS_FAILED, f"{len(answered)}/{len(results)} answered; attempt {failed.attempt}: {reason}"
     )
