@@ -347,3 +347,36 @@ def test_a_serving_log_full_of_cuda_graph_and_nccl_lines_stays_on_the_fast_path(
     result = analyze_stream(io.BytesIO(data))
     assert result.first_error is not None and result.first_error.category == "nccl_comm"
     assert len(fed) < 20  # the repeated lines are jumped over once they cannot change anything
+
+
+# --- a cause on the line after the error ----------------------------------------------------------
+
+
+def _config_error(cause: str, prefix: str = "") -> list[str]:
+    return [
+        f"{prefix}INFO 11-05 03:10:00 [api_server.py:1100] vLLM API server version 0.32.0",
+        *traceback(
+            prefix,
+            ["run_server", "create_engine_config", "create_model_config"],
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
+        ),
+        f"{prefix}  Value error, {cause} [type=value_error, input_value=ArgsKwargs(()), input_type=ArgsKwargs]",
+        f"{prefix}    For further information visit https://errors.pydantic.dev/2.14/v/value_error",
+    ]
+
+
+@pytest.mark.parametrize("prefix", ["", API])
+def test_a_config_validation_error_keeps_the_line_that_names_its_cause(prefix: str) -> None:
+    too_long = first(_config_error("User-specified max_model_len (100000) is greater than the derived one", prefix))
+    unknown = first(_config_error("Model architectures ['NoSuchForCausalLM'] are not supported for now.", prefix))
+    for error in (too_long, unknown):
+        assert (error.phase, error.category) == ("gpu_detect", "model_config")
+        assert error.line.endswith("1 validation error for ModelConfig")  # the line stays the exception's
+    assert "User-specified max_model_len" in too_long.signature and "NoSuchForCausalLM" in unknown.signature
+    assert too_long.signature != unknown.signature
+
+
+def test_a_config_validation_error_without_its_cause_line_still_counts() -> None:
+    lines = _config_error("x")[:-2]
+    error = first(lines)
+    assert error.category == "model_config" and error.signature.endswith("validation error for ModelConfig")

@@ -100,6 +100,9 @@ class ErrorRule:
     hang: bool  # a wrapper that interrupts a launch which stopped making progress
     hint: str | None
     examples: tuple[str, ...]
+    # A continuation line of the message that names the cause (pydantic's `Value error, ...`): it joins the
+    # signature, so that two errors of one class with different causes do not compare equal.
+    cause_follows: re.Pattern[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -408,6 +411,7 @@ def _rule(table: _Table) -> ErrorRule:
         hang=table.flag("hang"),
         hint=hint,
         examples=tuple(table.texts("examples")),
+        cause_follows=table.regex("cause_follows") if "cause_follows" in table.data else None,
     )
 
 

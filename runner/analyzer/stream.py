@@ -114,6 +114,7 @@ class _Candidate:
     frame_context: Context | None = None  # a context its traceback's frames put it in
     groups: dict[str, str] = field(default_factory=dict)
     refined: ErrorRule | None = None  # a rule matched by a continuation line of a generic exception
+    cause: str = ""  # the continuation line that names the cause (the rule's cause_follows)
     after: list[str] = field(default_factory=list)
     reserved: bool = False  # a header waiting for its traceback to end
 
@@ -495,9 +496,13 @@ class StreamAnalyzer:
                 st.suppress = rule.suppress_traceback
             else:
                 cand = self._candidate(st, ll, _RULE, rule)
-                self._settle(cand)
                 if self._tb.standalone.match(msg):
                     st.state, st.message_lines = _MESSAGE, 0
+                if rule.cause_follows is not None and st.state == _MESSAGE:
+                    st.pending = cand
+                    self._open.append(cand)
+                else:
+                    self._settle(cand)
             return
         if self._tb.standalone.match(msg):
             cand = self._candidate(st, ll, _GENERIC, None)
@@ -542,7 +547,7 @@ class StreamAnalyzer:
                 self._add_weak(reservation)
             cand = self._candidate(st, ll, tier, rule)
         _take_frames(st, cand)
-        if tier == _RULE and not self._unplaced(cand):
+        if tier == _RULE and not self._unplaced(cand) and (rule is None or rule.cause_follows is None):
             self._settle(cand)
         else:
             st.pending = cand
@@ -573,6 +578,11 @@ class StreamAnalyzer:
         cand = st.pending
         if cand is not None and len(cand.after) < _CONTEXT_AFTER:
             cand.after.append(ll.display)
+        follows = cand.rule.cause_follows if cand is not None and cand.rule is not None else None
+        if cand is not None and follows is not None and follows.search(ll.msg):
+            cand.cause = ll.msg.strip()
+            self._end_message(st)
+            return
         if match_rules:
             rule = self._match(ll.msg)
             if rule is not None and self._first_error is not None:
@@ -714,7 +724,7 @@ class StreamAnalyzer:
             line_no=best.line_no,
             context=(*best.before, best.display, *best.after),
             secondary_oom=secondary,
-            signature=signature(self.rules, phase, category, best.msg),
+            signature=signature(self.rules, phase, category, f"{best.msg} {best.cause}".rstrip()),
             hint=hint,
             during=during,
             why=(
