@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import io
 import json
+import shlex
 import sys
 import tempfile
 from importlib import resources
@@ -26,6 +27,7 @@ from runner.toml_reader import ConfigError, read_toml
 
 SIMULATED_SECONDS = ("ready_timeout_s", "stall_timeout_s", "request_timeout_s")  # demo.toml gives them simulated
 MIN_WAIT_S = 3.0  # a loaded machine's scheduling jitter must not look like a hang
+HOST_INSTALL = "host-install"  # what `--launch` runs is the host's own vLLM install, not an image
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,6 +37,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default="demo",
         help="a built-in scenario name or a scenario file: the deployment, the simulated host, the faults "
         "(default: demo)",
+    )
+    parser.add_argument(
+        "--launch",
+        metavar="COMMAND",
+        help="run the method on a real vLLM on this machine instead of the simulator: the launch command as the "
+        "cluster runs it (e.g. the vLLM CPU build: 'PYTHON -m vllm.entrypoints.openai.api_server --model DIR ...'); "
+        "the scenario's simulated host is not used",
     )
     parser.add_argument("--speed", type=_positive, help="sim speed factor (default from the demo config)")
     parser.add_argument("--logs", action="store_true", help="also print the engine's log")
@@ -49,20 +58,26 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     with tempfile.TemporaryDirectory(prefix="k3repro-demo-") as tmp:
         out = io.StringIO() if args.json else sys.stdout
-        report = asyncio.run(demo(Path(tmp), scenario, args.speed, args.logs, out))
+        report = asyncio.run(demo(Path(tmp), scenario, args.speed, args.logs, out, launch=args.launch))
     if args.json:
         print(json.dumps(report, indent=2))
     return 0
 
 
-async def demo(workdir: Path, scenario: Path, speed: float | None, logs: bool, out: TextIO) -> dict[str, Any]:
-    """Runs the whole method on the scenario's deployment; returns the run report."""
+def data_file() -> dict[str, Any]:
+    return read_toml(Path(str(resources.files("bot.data").joinpath("demo.toml"))))
+
+
+async def demo(
+    workdir: Path, scenario: Path, speed: float | None, logs: bool, out: TextIO, launch: str | None = None
+) -> dict[str, Any]:
+    """Runs the whole method on the scenario's deployment (or on a real vLLM's `launch`); returns the run report."""
     try:
         deployment = load_scenario(str(scenario), catalog().phases()).deployment
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
     assert deployment is not None  # a scenario file always has one
-    data = read_toml(Path(str(resources.files("bot.data").joinpath("demo.toml"))))
+    data = data_file()
     certs = write_dev_certs(workdir / "certs")
     runner_data = data["runner"]
     runner_data["listen"] = "127.0.0.1:0"
@@ -83,6 +98,8 @@ async def demo(workdir: Path, scenario: Path, speed: float | None, logs: bool, o
         runner_data["allowed_images"].append(deployment.image)  # the deployment's own image, as its cluster allows
     if deployment.request is not None:
         cluster["request"]["api"], cluster["request"]["body"] = deployment.api, dict(deployment.request)
+    if launch is not None:
+        _on_this_host(data, launch)
     daemon = RunnerDaemon(parse_runner_config(runner_data, base=workdir, origin="demo runner"))
     port = await daemon.start()
     try:
@@ -95,10 +112,8 @@ async def demo(workdir: Path, scenario: Path, speed: float | None, logs: bool, o
             "clusters": clusters,
         }
         config = parse_bot_config(bot_data, base=workdir, origin="demo bot")
-        host = scenario.name.removesuffix(".toml")
-        print(
-            f"k3repro demo: runner gpu-a1 (sim host '{host}') on 127.0.0.1:{port}, mTLS, store {config.store}", file=out
-        )
+        host = f"sim host '{scenario.name.removesuffix('.toml')}'" if launch is None else "this host's vLLM"
+        print(f"k3repro demo: runner gpu-a1 ({host}) on 127.0.0.1:{port}, mTLS, store {config.store}", file=out)
         print("$ k3repro start cluster-a\n", file=out)
         async with coordinator(config) as core:
             started = await core.start("cluster-a", operator(), via="demo")
@@ -113,6 +128,19 @@ async def demo(workdir: Path, scenario: Path, speed: float | None, logs: bool, o
     finally:
         await daemon.stop("demo finished")
     return report
+
+
+def _on_this_host(data: dict[str, Any], launch: str) -> None:
+    """The demo's runner on the process backend, launching `launch` (a real vLLM) in real seconds."""
+    try:
+        argv = shlex.split(launch)
+    except ValueError as exc:
+        raise CommandError(f"--launch: {exc}") from None
+    if not argv:
+        raise CommandError("--launch: empty command")
+    data["runner"]["engine"] = {"backend": "process", "executables": [argv[0]], **data["real_engine"]}
+    data["runner"]["allowed_images"].append(HOST_INSTALL)
+    data["clusters"]["cluster-a"].update(launch=argv, image=HOST_INSTALL)
 
 
 def _positive(text: str) -> float:
