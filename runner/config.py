@@ -41,6 +41,9 @@ class EngineConfig:
     stop_grace_s: float = 10.0
     failure_attempts: int = 2  # a failure is attempted this many times in all, to show it repeats at one place
     foreign_memory_wait_s: float = 0.0  # before a launch, wait this long for other processes' GPU memory to drain
+    # Ladder steps that only change the request reuse the running server; false relaunches for every step
+    # (a server that served one probe is not trusted with the next; also the naive plan the bench compares with).
+    reuse_server: bool = True
     sim_scenario: str = ""  # sim backend only: a built-in scenario name or a path
     sim_speed: float = 1.0
     docker: DockerSettings = field(default_factory=DockerSettings)
@@ -116,6 +119,7 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
         stop_grace_s=engine_reader.number("stop_grace_s", defaults.stop_grace_s),
         failure_attempts=_whole(engine_reader, "failure_attempts", defaults.failure_attempts),
         foreign_memory_wait_s=engine_reader.number("foreign_memory_wait_s", defaults.foreign_memory_wait_s),
+        reuse_server=engine_reader.flag("reuse_server", defaults.reuse_server),
         sim_scenario=scenario,
         sim_speed=sim_reader.number("speed", defaults.sim_speed),
         docker=DockerSettings(

@@ -139,7 +139,7 @@ async def _step(ctx: RunContext, spec: LadderSpec, step: StepSpec) -> StepOutcom
         )
     if step.probe == "tools" and desired == stable and not _features(ctx, step):
         return StepOutcome(step.id, pb.LADDER_OUTCOME_NOT_APPLICABLE, _no_features(step), relaunched=False)
-    relaunched = ctx.running is None or ctx.running.argv() != desired.argv()
+    relaunched = ctx.running is None or ctx.running.argv() != desired.argv() or not ctx.config.engine.reuse_server
     if relaunched:
         started = await launch(ctx, desired, f"ladder/{step.id}")
         if not started.ready:
