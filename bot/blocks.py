@@ -1,6 +1,6 @@
 """The one renderer of a run: Block Kit. Slack posts these blocks (the card, the live checklist, a message per
 stage and ladder step, the verdict); the terminal prints the same blocks as text (bot/render.py), the live
-stream event by event (EventBlocks). Kept within Slack's limits; whatever does not fit goes to a file.
+stream event by event (EventBlocks). Every one is a projection of the run's record (bot/record.py). Kept within Slack's limits; whatever does not fit goes to a file.
 
 Limits (docs.slack.dev, and bolt-js #2509 for the undocumented aggregate): ≤ 50 blocks, section text
 ≤ 3000 characters, about 12 000 characters of blocks per message.
@@ -13,9 +13,19 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from bot.run_view import RunView, is_file
+from bot.record import (
+    Check,
+    Finished,
+    FirstError,
+    LadderStep,
+    PhaseReached,
+    RunRecord,
+    StageResult,
+    StageStarted,
+    is_file,
+)
 from protos import runner_pb2 as pb
-from protos.vocab import CHECKLIST_IDS, to_id
+from protos.vocab import CHECKLIST_IDS
 
 MAX_BLOCKS = 50
 MAX_SECTION = 3000
@@ -32,14 +42,9 @@ ACTION_CANCEL = "k3repro_cancel"
 METADATA_EVENT = "k3repro_run"
 
 RUN_MARK = {"running": "🔄", "completed": "✅", "cancelled": "⊘", "error": "⚠️", "lost": "⚠️"}
-STAGE_MARK: dict[int, str] = {
-    pb.STAGE_STATUS_OK: "✅",
-    pb.STAGE_STATUS_FAILED: "❌",
-    pb.STAGE_STATUS_SKIPPED: "⏭",
-    pb.STAGE_STATUS_CANCELLED: "⊘",
-}
+STAGE_MARK = {"ok": "✅", "failed": "❌", "skipped": "⏭", "cancelled": "⊘"}
 DECISION_MARK = {"fix": "🛠", "isolate": "🧪", "continue": "🔎"}
-CHECK_MARK: dict[int, str] = {pb.CHECKLIST_STATE_HOLDS: "✅", pb.CHECKLIST_STATE_FAILS: "❌"}
+CHECK_MARK = {"holds": "✅", "fails": "❌"}
 PENDING_MARK = "⬜"
 
 
@@ -129,11 +134,11 @@ def _fits(blocks: list[Block], most_blocks: int, most_chars: int) -> bool:
     return len(blocks) <= most_blocks and len(json.dumps(blocks)) <= most_chars
 
 
-def metadata(view: RunView) -> dict[str, Any]:
+def metadata(view: RunRecord) -> dict[str, Any]:
     return {"event_type": METADATA_EVENT, "event_payload": {"run_id": view.run_id, "cluster": view.cluster}}
 
 
-def card(view: RunView) -> Message:
+def card(view: RunRecord) -> Message:
     """The parent message in the channel: what runs where, and its state."""
     mark = RUN_MARK.get(view.status, "•")
     doing = f"stage `{view.stage}`" + (f" · phase `{view.phase}`" if view.phase else "") if view.stage else ""
@@ -178,29 +183,30 @@ def card(view: RunView) -> Message:
     return fit(f"{mark} k3repro run {view.run_id} on {view.cluster}: {state}", blocks)
 
 
-def checklist(view: RunView) -> Message:
-    """The live checklist: always the same twelve blocks, so every chat.update keeps the layout."""
+def checklist(view: RunRecord) -> Message:
+    """The live checklist: the same blocks from first to last state (a heading, one per item, a footer), so
+    every chat.update keeps the layout."""
     where = (
         f"stage `{view.stage}`" + (f" · phase `{view.phase}`" if view.phase else "")
         if view.stage
         else f"run {view.status}"
     )
-    held = sum(1 for state, _ in view.checklist.values() if state == pb.CHECKLIST_STATE_HOLDS)
+    held = sum(1 for check in view.checklist.values() if check.holds)
     blocks = [section(f"*Checklist* · {held}/{len(CHECKLIST_IDS)} hold · {where}", "now")]
     for item in CHECKLIST_IDS:
-        state, evidence = view.checklist.get(item, (pb.CHECKLIST_STATE_UNSPECIFIED, ""))
-        blocks.append(section(checklist_line(item, state, clip(evidence, EVIDENCE_CHARS)), item))
+        check = view.checklist.get(item) or Check(item, "", "")
+        blocks.append(section(checklist_line(check, EVIDENCE_CHARS), item))
     blocks.append(context(f"run `{view.run_id}` · updated as the run goes"))
     return fit(f"Checklist: {held}/{len(CHECKLIST_IDS)} hold · {where}", blocks)
 
 
-def stage_result(view: RunView, finished: pb.StageFinished) -> Message:
+def stage_result(view: RunRecord, finished: StageResult) -> Message:
     """One message per finished stage; a failure shows the first error, its context, the hint and the OOM call."""
-    stage = to_id(pb.Stage, finished.stage) or "run"
+    stage = finished.stage or "run"
     blocks = [stage_head(finished)]
     blocks += [section(artifact_note(a)) for a in view.notes.get(stage, [])]
     error = view.first_errors.get(stage)
-    if error is not None and finished.status == pb.STAGE_STATUS_FAILED:
+    if error is not None and finished.status == "failed":
         blocks += first_error_blocks(error)
     if stage == "single_request" and view.requests:
         blocks.append(section(code([line for r in view.requests for line in request_lines(r)])))
@@ -208,12 +214,12 @@ def stage_result(view: RunView, finished: pb.StageFinished) -> Message:
     return fit(f"{mark} {stage}: {clip(finished.summary, 300)}", blocks)
 
 
-def stage_head(finished: pb.StageFinished) -> Block:
-    stage = to_id(pb.Stage, finished.stage) or "run"
+def stage_head(finished: StageResult) -> Block:
+    stage = finished.stage or "run"
     return section(f"{STAGE_MARK.get(finished.status, '•')} *{stage}* — {clip(finished.summary, 2800)}", "result")
 
 
-def first_error_blocks(error: pb.FirstError) -> list[Block]:
+def first_error_blocks(error: FirstError) -> list[Block]:
     """Where the first error happened and what it is, its context, the hint, and whether an OOM is secondary."""
     oom = "yes — an OOM was seen, but it is not the cause" if error.secondary_oom else "no"
     blocks: list[Block] = [
@@ -222,8 +228,8 @@ def first_error_blocks(error: pb.FirstError) -> list[Block]:
             "type": "section",
             "block_id": "first_error",
             "fields": [
-                {"type": "mrkdwn", "text": f"*Phase*\n{to_id(pb.Phase, error.phase)}"},
-                {"type": "mrkdwn", "text": f"*Category*\n{to_id(pb.ErrorCategory, error.category)}"},
+                {"type": "mrkdwn", "text": f"*Phase*\n{error.phase}"},
+                {"type": "mrkdwn", "text": f"*Category*\n{error.category}"},
                 {"type": "mrkdwn", "text": f"*Secondary OOM*\n{oom}"},
             ],
         },
@@ -235,8 +241,9 @@ def first_error_blocks(error: pb.FirstError) -> list[Block]:
     return blocks
 
 
-def checklist_line(item: str, state: int, evidence: str) -> str:
-    return f"{CHECK_MARK.get(state, PENDING_MARK)} *{item}*" + (f" — {evidence}" if evidence else "")
+def checklist_line(check: Check, evidence_chars: int | None = None) -> str:
+    evidence = clip(check.evidence, evidence_chars) if evidence_chars else check.evidence
+    return f"{CHECK_MARK.get(check.state, PENDING_MARK)} *{check.item}*" + (f" — {evidence}" if evidence else "")
 
 
 def artifact_note(artifact: pb.Artifact) -> str:
@@ -260,25 +267,23 @@ def request_lines(r: pb.RequestResult) -> list[str]:
     return [line + (f" — {r.error}" if r.error else ""), *(f"  warning: {w}" for w in r.warnings)]
 
 
-def ladder_step(step: pb.LadderStepResult) -> Message:
-    name, outcome = to_id(pb.LadderStepId, step.step), to_id(pb.LadderOutcome, step.outcome)
-    return fit(f"ladder {name}: {outcome}", [ladder_block(step)])
+def ladder_step(step: LadderStep) -> Message:
+    return fit(f"ladder {step.step}: {step.outcome}", [ladder_block(step)])
 
 
-def ladder_block(step: pb.LadderStepResult) -> Block:
-    name, outcome = to_id(pb.LadderStepId, step.step), to_id(pb.LadderOutcome, step.outcome)
-    return section(f"🪜 *ladder · {name}*: `{outcome}` {step.detail}".rstrip())
+def ladder_block(step: LadderStep) -> Block:
+    return section(f"🪜 *ladder · {step.step}*: `{step.outcome}` {step.detail}".rstrip())
 
 
-def verdict(view: RunView, finished: pb.RunFinished) -> Message:
-    status, decision = to_id(pb.RunStatus, finished.status), to_id(pb.Decision, finished.decision)
+def verdict(view: RunRecord, finished: Finished) -> Message:
+    status, decision = finished.status, finished.decision
     return fit(
         f"{decision or status}: {clip(finished.summary, 300)}", verdict_blocks(view.run_id, view.cluster, finished)
     )
 
 
-def verdict_blocks(run_id: str, cluster: str, finished: pb.RunFinished) -> list[Block]:
-    status, decision = to_id(pb.RunStatus, finished.status), to_id(pb.Decision, finished.decision)
+def verdict_blocks(run_id: str, cluster: str, finished: Finished) -> list[Block]:
+    status, decision = finished.status, finished.decision
     title = f"*Verdict: {decision}*" if decision else f"*Run {status}*"
     mark = DECISION_MARK.get(decision) or RUN_MARK.get(status, "•")
     where = f" on *{cluster}*" if cluster else ""
@@ -291,7 +296,7 @@ def verdict_blocks(run_id: str, cluster: str, finished: pb.RunFinished) -> list[
     return blocks
 
 
-def problem(view: RunView) -> Message:
+def problem(view: RunRecord) -> Message:
     return fit(f"run {view.run_id}: {view.status}", [section(f"⚠️ *Run {view.status}* — {clip(view.problem, 2800)}")])
 
 
@@ -300,42 +305,37 @@ def _plain(text: str) -> dict[str, Any]:
 
 
 class EventBlocks:
-    """The live stream of a run as blocks, event by event (what the terminal prints as it happens). A first
-    error already shown in full (a repeat attempt, a ladder step reproducing it) is shown again in one line."""
+    """The live stream of a run as blocks, event by event (what the terminal prints as it happens), from the
+    facts its record folds in. A first error already shown in full (a repeat attempt, a ladder step reproducing
+    it) is shown again in one line."""
 
     def __init__(self, *, logs: bool = False) -> None:
         self.logs = logs
-        self._shown: set[str] = set()
+        self.record = RunRecord("")
 
     def of(self, event: pb.RunEvent) -> list[Block]:
         """The blocks of one event; [] for what a reader does not need (heartbeats, engine logs by default)."""
-        kind = event.WhichOneof("payload")
-        if kind == "stage_started":
-            detail = event.stage_started.detail
-            return [context(f"▶ *{to_id(pb.Stage, event.stage_started.stage)}*" + (f" — {detail}" if detail else ""))]
-        if kind == "stage_finished":
-            return [stage_head(event.stage_finished)]
-        if kind == "phase_reached":
-            return [context(f"phase `{to_id(pb.Phase, event.phase_reached.phase)}`")]
-        if kind == "first_error":
-            return self._first_error(event.first_error)
-        if kind == "checklist_item":
-            item = event.checklist_item
-            return [section(checklist_line(to_id(pb.ChecklistId, item.item), item.state, item.evidence))]
-        if kind == "ladder_step":
-            return [ladder_block(event.ladder_step)]
-        if kind == "request_result":
-            return [context(line) for line in request_lines(event.request_result)]
-        if kind == "artifact":
-            return [context(artifact_note(event.artifact))]
-        if kind == "log_chunk" and self.logs:
-            return [section(f"log `{event.log_chunk.source}`\n" + code(list(event.log_chunk.lines)))]
-        if kind == "run_finished":
-            return verdict_blocks(event.run_id, "", event.run_finished)
+        fact = self.record.apply(event)
+        if isinstance(fact, StageStarted):
+            return [context(f"▶ *{fact.stage}*" + (f" — {fact.detail}" if fact.detail else ""))]
+        if isinstance(fact, StageResult):
+            return [stage_head(fact)]
+        if isinstance(fact, PhaseReached):
+            return [context(f"phase `{fact.phase}`")]
+        if isinstance(fact, FirstError) and fact.repeat:
+            return [context(f"the same first error again in `{fact.phase}`: {fact.line}")]
+        if isinstance(fact, FirstError):
+            return first_error_blocks(fact)
+        if isinstance(fact, Check):
+            return [section(checklist_line(fact))]
+        if isinstance(fact, LadderStep):
+            return [ladder_block(fact)]
+        if isinstance(fact, pb.RequestResult):
+            return [context(line) for line in request_lines(fact)]
+        if isinstance(fact, pb.Artifact):
+            return [context(artifact_note(fact))]
+        if isinstance(fact, pb.LogChunk) and self.logs:
+            return [section(f"log `{fact.source}`\n" + code(list(fact.lines)))]
+        if isinstance(fact, Finished):
+            return verdict_blocks(event.run_id, "", fact)
         return []
-
-    def _first_error(self, error: pb.FirstError) -> list[Block]:
-        if error.signature in self._shown:
-            return [context(f"the same first error again in `{to_id(pb.Phase, error.phase)}`: {error.line}")]
-        self._shown.add(error.signature)
-        return first_error_blocks(error)

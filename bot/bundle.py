@@ -31,10 +31,10 @@ from typing import Any
 from google.protobuf import json_format
 
 from bot.ids import new_run_id
-from bot.report import run_report
+from bot.record import LadderStep, RunRecord, StageResult, image_digest
+from bot.report import report
 from bot.store import FINAL, Store
 from protos import runner_pb2 as pb
-from protos.vocab import to_id
 from runner.redact import map_strings, printable, redactor
 
 FORMAT = 1
@@ -111,14 +111,14 @@ def export_bundle(store: Store, run_id: str) -> Bundle:
     if run["status"] not in FINAL:
         raise BundleError(f"run {run['id']} is still {run['status']}: export it once it has ended")
     events = [redactor().message(e) for e in store.events(run["id"])]
-    report = run_report(run["id"], events)
-    asked = public_request(run, events)
-    artifacts = {e.artifact.name: e.artifact.content for e in events if e.HasField("artifact")}
-    fingerprint = json.loads(artifacts["fingerprint"]) if "fingerprint" in artifacts else None
+    record = RunRecord.replay(run["id"], events)
+    found = report(record)
+    asked = public_request(run, record)
+    artifacts, fingerprint = record.artifacts, record.scene
     members: dict[str, bytes] = {
         "run.json": _json({k: run.get(k) for k in ("id", "cluster", "status", "decision", "summary", "image")}),
         "events.jsonl": "".join(json_format.MessageToJson(e, indent=None) + "\n" for e in events).encode(),
-        "report.json": _json(report),
+        "report.json": _json(found),
         "fingerprint.json": _json(fingerprint),
         "launch.json": _json(
             {
@@ -131,11 +131,13 @@ def export_bundle(store: Store, run_id: str) -> Bundle:
             }
         ),
         "request.json": _json({k: v for k, v in asked.items() if k in ("api", "body_json", "body_sha256", "repeats")}),
-        "first_error.json": _json(report["first_error"]),
-        "checklist.json": _json(_checklist(events)),
-        "steps.json": _json(_steps(events)),
+        "first_error.json": _json(found["first_error"]),
+        "checklist.json": _json(
+            {c.item: {"state": c.state, "evidence": c.evidence} for c in record.checklist.values()}
+        ),
+        "steps.json": _json([_step(step) for step in record.steps]),
     }
-    for source, text in logs_by_source(events).items():
+    for source, text in record.log_texts().items():
         members[f"logs/{source.replace('/', '-')}.log"] = text.encode()
     if "sim_scenario" in artifacts:
         members["scenario.toml"] = artifacts["sim_scenario"].encode()
@@ -150,7 +152,7 @@ def export_bundle(store: Store, run_id: str) -> Bundle:
     return Bundle(manifest, members)
 
 
-def public_request(run: dict[str, Any], events: list[pb.RunEvent]) -> dict[str, Any]:
+def public_request(run: dict[str, Any], record: RunRecord) -> dict[str, Any]:
     """What a run was asked to do, as it may leave the bot (bundle, `show --json`): redacted, and with
     only the body's sha256 when the run's scene kept only that (the runner's `request_bodies = "hash"`)."""
     try:
@@ -164,13 +166,7 @@ def public_request(run: dict[str, Any], events: list[pb.RunEvent]) -> dict[str, 
         "repeats": asked.get("repeats", 3),
         "profile": asked.get("profile", ""),
     }
-    scene = next(
-        (e.artifact.content for e in events if e.HasField("artifact") and e.artifact.name == "fingerprint"), ""
-    )
-    try:
-        kept = (json.loads(scene) or {}).get("request") if scene else None
-    except (ValueError, AttributeError):
-        kept = None
+    kept = (record.scene or {}).get("request")
     if isinstance(kept, dict) and kept.get("body") is None and kept.get("body_sha256"):
         result["body_sha256"] = kept["body_sha256"]
     else:
@@ -368,44 +364,11 @@ def import_bundle(store: Store, bundle: Bundle) -> dict[str, Any]:
     return row
 
 
-def image_digest(fingerprint: dict[str, Any] | None) -> str:
-    """ "sha256:…" of the image the scene ran, when the registry pinned one; "" when it is known by tag only."""
-    image = (fingerprint or {}).get("image") or {}
-    refs = [image.get("ref") or "", *(image.get("repo_digests") or [])]
-    return next((ref.split("@", 1)[1] for ref in refs if "@sha256:" in ref), "")
-
-
-def _checklist(events: list[pb.RunEvent]) -> dict[str, dict[str, str]]:
-    latest: dict[str, dict[str, str]] = {}
-    for e in events:
-        if e.HasField("checklist_item"):
-            item = e.checklist_item
-            state = to_id(pb.ChecklistState, item.state)
-            latest[to_id(pb.ChecklistId, item.item)] = {"state": state, "evidence": item.evidence}
-    return latest
-
-
-def _steps(events: list[pb.RunEvent]) -> list[dict[str, Any]]:
-    """Every stage's and ladder step's result, in order: the before/after of each change."""
-    steps: list[dict[str, Any]] = []
-    for e in events:
-        if e.HasField("stage_finished"):
-            m = e.stage_finished
-            status = to_id(pb.StageStatus, m.status)
-            steps.append({"stage": to_id(pb.Stage, m.stage), "status": status, "summary": m.summary})
-        elif e.HasField("ladder_step"):
-            step = json_format.MessageToDict(e.ladder_step, preserving_proto_field_name=True)
-            steps.append({"ladder_step": step})
-    return steps
-
-
-def logs_by_source(events: list[pb.RunEvent]) -> dict[str, str]:
-    """A run's whole log, one text per source (e.g. "minimal_launch/stdout")."""
-    texts: dict[str, list[str]] = {}
-    for e in events:
-        if e.HasField("log_chunk"):
-            texts.setdefault(e.log_chunk.source, []).extend(e.log_chunk.lines)
-    return {source: "\n".join(lines) + "\n" for source, lines in texts.items()}
+def _step(step: StageResult | LadderStep) -> dict[str, Any]:
+    """A stage's or ladder step's result as the bundle keeps it: the before/after of each change."""
+    if isinstance(step, StageResult):
+        return {"stage": step.stage, "status": step.status, "summary": step.summary}
+    return {"ladder_step": json_format.MessageToDict(step.wire, preserving_proto_field_name=True)}
 
 
 def _json(value: Any) -> bytes:

@@ -1,64 +1,41 @@
-"""The run report: what a run found, derived from its events (a stable JSON contract)."""
+"""The run report: what a run found, as a stable JSON contract (a projection of its record)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from bot.record import RunRecord
 from protos import runner_pb2 as pb
-from protos.vocab import CHECKLIST_IDS, to_id
+from protos.vocab import CHECKLIST_IDS
 
 
 def run_report(run_id: str, events: list[pb.RunEvent]) -> dict[str, Any]:
     """`{"run_id", "decision", "checklist", "first_error", "ladder", "trigger_step", "candidates", "launches"}`."""
-    checklist = dict.fromkeys(CHECKLIST_IDS, False)
-    first_error: dict[str, Any] | None = None
-    ladder: list[dict[str, Any]] = []
-    failures: list[pb.LadderStepResult] = []
-    finished = pb.RunFinished()
-    for event in events:
-        kind = event.WhichOneof("payload")
-        if kind == "checklist_item":
-            item = event.checklist_item
-            checklist[to_id(pb.ChecklistId, item.item)] = item.state == pb.CHECKLIST_STATE_HOLDS
-        elif kind == "first_error" and (first_error is None or first_error["line"] == event.first_error.line):
-            error = event.first_error  # a later FirstError with the same line only updates secondary_oom
-            first_error = {
-                "phase": to_id(pb.Phase, error.phase) or None,
-                "category": to_id(pb.ErrorCategory, error.category) or None,
-                "line": error.line,
-                "signature": error.signature,
-                "secondary_oom": error.secondary_oom,
-            }
-        elif kind == "ladder_step":
-            step = event.ladder_step
-            ladder.append(
-                {
-                    "step": to_id(pb.LadderStepId, step.step),
-                    "outcome": to_id(pb.LadderOutcome, step.outcome),
-                    "relaunched": step.relaunched,
-                }
-            )
-            if step.signature:
-                failures.append(step)
-        elif kind == "run_finished":
-            finished = event.run_finished
-    trigger = failures[0] if failures else None
+    return report(RunRecord.replay(run_id, events))
+
+
+def report(record: RunRecord) -> dict[str, Any]:
+    error, failures = record.first_error, [step for step in record.ladder if step.signature]
+    checks = {item: check.holds for item, check in record.checklist.items()}
     return {
-        "run_id": run_id,
-        "decision": to_id(pb.Decision, finished.decision) or None,
-        "checklist": checklist,
-        "first_error": first_error,
-        "ladder": ladder,
-        "trigger_step": to_id(pb.LadderStepId, trigger.step) if trigger else None,
+        "run_id": record.run_id,
+        "decision": record.decision or None,
+        "checklist": {item: checks.get(item, False) for item in CHECKLIST_IDS},
+        "first_error": None
+        if error is None
+        else {
+            "phase": error.phase or None,
+            "category": error.category or None,
+            "line": error.line,
+            "signature": error.signature,
+            "secondary_oom": error.secondary_oom,
+        },
+        "ladder": [{"step": s.step, "outcome": s.outcome, "relaunched": s.relaunched} for s in record.ladder],
+        "trigger_step": failures[0].step if failures else None,
         "candidates": [
-            {
-                "step": to_id(pb.LadderStepId, step.step),
-                "phase": to_id(pb.Phase, step.phase) or None,
-                "category": to_id(pb.ErrorCategory, step.category) or None,
-                "signature": step.signature,
-            }
-            for step in failures[1:]
-            if step.outcome != pb.LADDER_OUTCOME_SAME_AS_TARGET
+            {"step": s.step, "phase": s.phase or None, "category": s.category or None, "signature": s.signature}
+            for s in failures[1:]
+            if s.outcome != "same_as_target"
         ],
-        "launches": finished.launches,
+        "launches": record.finished.launches if record.finished is not None else 0,
     }

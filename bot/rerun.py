@@ -18,7 +18,7 @@ from bot.consumer import EventCallback, follow_run
 from bot.coordinator import Coordinator, StartRefused
 from bot.ids import new_run_id
 from bot.isolation import IsolationError, Placement, Provider, make_provider
-from bot.report import run_report
+from bot.record import RunRecord
 from bot.store import ACTIVE, RunNotFound, Store, now
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
@@ -197,23 +197,11 @@ def rerun_request(bundle: Bundle, rerun_id: str, requested_by: str, body: str | 
     )
 
 
-def failure_of(events: list[pb.RunEvent]) -> dict[str, Any] | None:
-    """Where a run first failed and how: its first error (minimal launch, or the ladder step that hit it), else
-    the first stage that failed without one (e.g. a baseline the scene does not meet)."""
-    error = run_report("", events)["first_error"]
-    if error:
-        return {key: error[key] for key in ("phase", "category", "signature", "line")}
-    for event in events:
-        if event.HasField("stage_finished") and event.stage_finished.status == pb.STAGE_STATUS_FAILED:
-            stage, summary = to_id(pb.Stage, event.stage_finished.stage), event.stage_finished.summary
-            return {"phase": stage, "category": "stage_failed", "signature": f"{stage}: {summary}", "line": summary}
-    return None
-
-
 def compare(original: list[pb.RunEvent], rerun: list[pb.RunEvent]) -> dict[str, Any]:
     """The verdict from two runs' events, with the environment differences that matter."""
-    before, after = failure_of(original), failure_of(rerun)
-    differences = environment_differences(_fingerprint(original), _fingerprint(rerun))
+    first, second = RunRecord.replay("", original), RunRecord.replay("", rerun)
+    before, after = first.failure(), second.failure()
+    differences = environment_differences(first.scene, second.scene)
     if before is None and after is None:
         verdict, why = "reproduced", "neither run failed"
     elif after is None:
@@ -249,14 +237,6 @@ def _holders(scene: dict[str, Any]) -> str:
     pids = sorted({p["pid"] for p in processes})
     mib = sum(p.get("used_memory_mib") or 0 for p in processes)
     return f"{len(pids)} process(es) holding {mib} MiB on {len(processes)} GPU slot(s)"
-
-
-def _fingerprint(events: list[pb.RunEvent]) -> dict[str, Any] | None:
-    for event in events:
-        if event.HasField("artifact") and event.artifact.name == "fingerprint":
-            scene: dict[str, Any] = json.loads(event.artifact.content)
-            return scene
-    return None
 
 
 def verdict_lines(outcome: RerunOutcome) -> list[str]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from bot import blocks
 from bot.blocks import text_lines
+from bot.record import RunRecord, StageResult, fact_of
 from bot.render import TextRenderer
-from bot.run_view import RunView
 from protos import runner_pb2 as pb
 
 ERROR = pb.FirstError(
@@ -39,12 +39,12 @@ def test_a_product_like_2x4_keeps_its_star() -> None:
 
 
 def test_the_terminal_shows_the_stage_message_slack_posts() -> None:
-    view = RunView("r1", "cluster-a", "gpu-a1", "img", "U1", stage="minimal_launch")
+    view = RunRecord("r1", "cluster-a", "gpu-a1", "img", "U1", stage="minimal_launch")
     view.apply(pb.RunEvent(first_error=ERROR))
     finished = pb.StageFinished(
         stage=pb.STAGE_MINIMAL_LAUNCH, status=pb.STAGE_STATUS_FAILED, summary="failed in gpu_detect (nccl_comm)"
     )
-    slack = text_lines(blocks.stage_result(view, finished).blocks)
+    slack = text_lines(blocks.stage_result(view, _result(finished)).blocks)
     renderer = TextRenderer()
     printed = renderer.lines(pb.RunEvent(first_error=ERROR)) + renderer.lines(pb.RunEvent(stage_finished=finished))
     body = [line.split("] ", 1)[1] if line.startswith("[") else line.strip() for line in printed]
@@ -78,10 +78,10 @@ def test_a_request_line_is_the_same_in_slack_and_in_the_terminal() -> None:
         attempt=1, http_status=200, finish_reason="stop", prompt_tokens=12, completion_tokens=48, max_tokens=64,
         latency_s=0.5, gpu_memory_before_mib=1000, gpu_memory_after_mib=1200, warnings=["WARNING guided_json ignored"],
     )  # fmt: skip
-    view = RunView("r1", "cluster-a", "gpu-a1", "img", "U1", stage="single_request")
+    view = RunRecord("r1", "cluster-a", "gpu-a1", "img", "U1", stage="single_request")
     view.apply(pb.RunEvent(request_result=result))
     finished = pb.StageFinished(stage=pb.STAGE_SINGLE_REQUEST, status=pb.STAGE_STATUS_OK, summary="3/3 answered")
-    slack = text_lines(blocks.stage_result(view, finished).blocks)
+    slack = text_lines(blocks.stage_result(view, _result(finished)).blocks)
     printed = [line.split("] ", 1)[-1].strip() for line in TextRenderer().lines(pb.RunEvent(request_result=result))]
     expected = (
         "request #1: HTTP 200 · finish stop · 12 prompt → 48 completion tokens (max_tokens 64) · 0.50 s · "
@@ -89,3 +89,9 @@ def test_a_request_line_is_the_same_in_slack_and_in_the_terminal() -> None:
     )
     assert printed == [expected, "warning: WARNING guided_json ignored"]
     assert slack[1:] == [f"| {expected}", "|   warning: WARNING guided_json ignored"]
+
+
+def _result(finished: pb.StageFinished) -> StageResult:
+    result = fact_of(pb.RunEvent(stage_finished=finished))
+    assert isinstance(result, StageResult)
+    return result

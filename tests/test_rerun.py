@@ -14,9 +14,10 @@ import grpc
 import pytest
 
 from bot import rerun as rerun_module
-from bot.bundle import Bundle, image_digest
+from bot.bundle import Bundle
 from bot.consumer import RunRefused
 from bot.coordinator import Coordinator, StartRefused
+from bot.record import image_digest
 from bot.rerun import rerun_isolated, rerun_request, verdict_lines
 from bot.runner_client import open_channel
 from bot.store import AsyncStore, RunNotFound, Store

@@ -9,7 +9,7 @@ import pytest
 
 from bot import blocks
 from bot.config import parse_bot_config
-from bot.run_view import RunView
+from bot.record import LadderStep, RunRecord, StageResult, fact_of
 from bot.slack.commands import Command, CommandError, parse
 from protos import runner_pb2 as pb
 from protos.vocab import CHECKLIST_IDS
@@ -57,8 +57,8 @@ def test_malformed_commands_say_what_is_wrong_and_what_is_accepted(text: str, me
     assert message in str(caught.value)
 
 
-def _view() -> RunView:
-    return RunView("20261130-1000-abcd", "cluster-a", "127.0.0.1:1", "vllm/vllm-openai:kimi-k3", "U1")
+def _view() -> RunRecord:
+    return RunRecord("20261130-1000-abcd", "cluster-a", "127.0.0.1:1", "vllm/vllm-openai:kimi-k3", "U1")
 
 
 def test_the_checklist_keeps_one_block_layout_from_first_to_last_state() -> None:
@@ -89,7 +89,9 @@ def test_a_stage_result_too_big_for_slack_is_shortened_and_its_full_text_kept_fo
     )
     view.apply(pb.RunEvent(first_error=huge))
     finished = pb.StageFinished(stage=pb.STAGE_MINIMAL_LAUNCH, status=pb.STAGE_STATUS_FAILED, summary="failed")
-    message = blocks.stage_result(view, finished)
+    result = view.apply(pb.RunEvent(stage_finished=finished))
+    assert isinstance(result, StageResult)
+    message = blocks.stage_result(view, result)
     assert len(message.blocks) <= blocks.MAX_BLOCKS and len(json.dumps(message.blocks)) <= blocks.MAX_MESSAGE
     assert all(len(b.get("text", {}).get("text", "")) <= blocks.MAX_SECTION for b in message.blocks)
     assert "Shortened to fit Slack" in json.dumps(message.blocks)
@@ -126,7 +128,9 @@ def test_a_ladder_step_is_one_short_message() -> None:
     step = pb.LadderStepResult(
         step=pb.LADDER_STEP_ID_PREFIX_CACHING, outcome=pb.LADDER_OUTCOME_CACHE_HIT, detail="hits 12/12"
     )
-    message = blocks.ladder_step(step)
+    fact = fact_of(pb.RunEvent(ladder_step=step))
+    assert isinstance(fact, LadderStep)
+    message = blocks.ladder_step(fact)
     assert message.text == "ladder prefix_caching: cache_hit" and "`cache_hit` hits 12/12" in json.dumps(message.blocks)
 
 

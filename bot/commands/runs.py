@@ -11,6 +11,7 @@ from google.protobuf import json_format
 from bot.bundle import public_request
 from bot.commands.common import CommandError, coordinator, load_config, operator
 from bot.coordinator import StartRefused
+from bot.record import RunRecord
 from bot.render import TextRenderer, run_header, terminal
 from bot.store import RunNotFound, Store, redacted
 from runner.redact import redactor
@@ -56,7 +57,7 @@ def show_run(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     events = [redactor().message(event) for event in store.events(run["id"])]
     if args.json:  # json.dumps escapes control characters: the output is safe for a terminal as it is
-        shown = {**redacted(run), "request_json": json.dumps(public_request(run, events))}
+        shown = {**redacted(run), "request_json": json.dumps(public_request(run, RunRecord.replay(run["id"], events)))}
         payload = {"run": shown, "events": [json_format.MessageToDict(event) for event in events]}
         print(json.dumps(payload, indent=2))
         return 0

@@ -1,7 +1,7 @@
 """One Slack thread per run: the card in the channel, the live checklist, a message per stage, the verdict.
 
-Each event folds into the run's `RunView` and becomes outbox writes with stable keys, so replaying a run's
-stored events after a restart rebuilds the view and re-enqueues nothing that was already written.
+Each event folds into the run's record (bot/record.py) and becomes outbox writes with stable keys, so replaying
+a run's stored events after a restart rebuilds the record and re-enqueues nothing that was already written.
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ from typing import Any
 
 from bot import blocks
 from bot.blocks import Message
-from bot.bundle import logs_by_source
 from bot.consumer import EventCallback, RunLost, RunRefused
 from bot.coordinator import Coordinator, StartedRun
 from bot.isolation import IsolationError, Placement
+from bot.record import Check, Finished, LadderStep, PhaseReached, RunRecord, StageResult, StageStarted, is_file
 from bot.rerun import RerunOutcome, finish_rerun, rerun_isolated, verdict_lines
-from bot.run_view import RunView, is_file
 from bot.slack.metrics import Metrics
 from bot.slack.outbox import UPLOAD, Outbox, Write
 from bot.slack.tasks import TaskSet
@@ -31,7 +30,7 @@ log = logging.getLogger("k3repro.slack.threads")
 
 Follow = Callable[[EventCallback], Awaitable[pb.RunFinished]]  # Coordinator.follow or .resume, bound to a run
 VERDICT_MARK = {"reproduced": "🎯", "not_reproduced": "🌱", "different_failure": "🔀"}
-UPDATES_ON = {"stage_started", "phase_reached", "checklist_item", "stage_finished", "run_finished", "artifact"}
+REFRESH_ON = (StageStarted, PhaseReached, Check, StageResult, Finished, pb.Artifact)  # what the card or checklist show
 
 
 class Threads:
@@ -45,7 +44,7 @@ class Threads:
     async def open(self, started: StartedRun, channel: str, team_domain: str) -> None:
         """Posts the run's card and checklist, then follows the run into its thread."""
         await self.store.call(_create_thread, started.run_id, channel, team_domain)
-        view = RunView.of(await self.store.call(Store.get_run, started.run_id))
+        view = RunRecord.of(await self.store.call(Store.get_run, started.run_id))
         await self._begin(view, channel)
         self._follow(view, channel, functools.partial(self.core.follow, started))
 
@@ -58,7 +57,7 @@ class Threads:
                 self._resume_rerun(run)
                 continue
             thread = await self.store.call(thread_of, run["id"])
-            view = RunView.of(run)
+            view = RunRecord.of(run)
             channel = thread["channel"] if thread else ""
             if channel:
                 await self._begin(view, channel)
@@ -67,7 +66,7 @@ class Threads:
             self._follow(view, channel, functools.partial(self.core.resume, run["id"]))
         return len(runs)
 
-    async def _begin(self, view: RunView, channel: str) -> None:
+    async def _begin(self, view: RunRecord, channel: str) -> None:
         """The card and the checklist's first post; their keys make a second call (on resume) a no-op."""
         card, checklist = blocks.card(view), blocks.checklist(view)
         card_args = {"channel": channel, **card.args(), "metadata": blocks.metadata(view)}
@@ -151,7 +150,7 @@ class Threads:
     async def close(self) -> None:
         await self._tasks.close()
 
-    def _follow(self, view: RunView, channel: str, follow: Follow) -> None:
+    def _follow(self, view: RunRecord, channel: str, follow: Follow) -> None:
         async def on_event(event: pb.RunEvent) -> None:
             if channel:
                 await self._on_event(view, channel, event)
@@ -168,29 +167,26 @@ class Threads:
 
         self._tasks.spawn(run(), name=f"follow {view.run_id}")
 
-    async def _on_event(self, view: RunView, channel: str, event: pb.RunEvent) -> None:
-        view.apply(event)
-        kind = event.WhichOneof("payload") or ""
+    async def _on_event(self, view: RunRecord, channel: str, event: pb.RunEvent) -> None:
+        fact = view.apply(event)
         key = f"{view.run_id}:{event.seq}"
-        if kind == "stage_finished" and event.stage_finished.stage != pb.STAGE_VERDICT:  # run_finished says it
-            await self._post_message(view, channel, key, blocks.stage_result(view, event.stage_finished))
-        elif kind == "ladder_step":
-            await self._post_message(view, channel, key, blocks.ladder_step(event.ladder_step))
-        elif kind == "artifact" and is_file(event.artifact):
-            name = event.artifact.name
-            suffix = "json" if event.artifact.media_type == "application/json" else "txt"
-            await self._upload(view, channel, key, f"{name}-{view.run_id}.{suffix}", name, event.artifact.content)
-        elif kind == "run_finished":
-            verdict = blocks.verdict(view, event.run_finished)
-            await self._post_message(view, channel, key, verdict, reply_broadcast=True)
-            for source, text in (await self.store.call(_logs, view.run_id)).items():
+        if isinstance(fact, StageResult) and fact.stage != "verdict":  # the run's verdict says it
+            await self._post_message(view, channel, key, blocks.stage_result(view, fact))
+        elif isinstance(fact, LadderStep):
+            await self._post_message(view, channel, key, blocks.ladder_step(fact))
+        elif isinstance(fact, pb.Artifact) and is_file(fact):
+            suffix = "json" if fact.media_type == "application/json" else "txt"
+            await self._upload(view, channel, key, f"{fact.name}-{view.run_id}.{suffix}", fact.name, fact.content)
+        elif isinstance(fact, Finished):
+            await self._post_message(view, channel, key, blocks.verdict(view, fact), reply_broadcast=True)
+            for source, text in view.log_texts().items():
                 title = f"{source} log"
                 await self._upload(view, channel, f"{view.run_id}:log:{source}", _filename(source, view), title, text)
-        if kind in UPDATES_ON:
+        if isinstance(fact, REFRESH_ON):
             await self._refresh(view, channel)
 
     async def _post_message(
-        self, view: RunView, channel: str, key: str, message: Message, *, reply_broadcast: bool = False
+        self, view: RunRecord, channel: str, key: str, message: Message, *, reply_broadcast: bool = False
     ) -> None:
         args = {"channel": channel, **message.args(), "reply_broadcast": reply_broadcast}
         await self.outbox.put(Write(key, "chat.postMessage", args, view.run_id, thread=True))
@@ -199,11 +195,11 @@ class Threads:
                 view, channel, f"{key}:full", f"{key.replace(':', '-')}.txt", "full text", message.overflow
             )
 
-    async def _upload(self, view: RunView, channel: str, key: str, filename: str, title: str, content: str) -> None:
+    async def _upload(self, view: RunRecord, channel: str, key: str, filename: str, title: str, content: str) -> None:
         args = {"channel": channel, "filename": filename, "title": title}
         await self.outbox.put(Write(key, UPLOAD, args, view.run_id, thread=True, extra={"content": content}))
 
-    async def _refresh(self, view: RunView, channel: str) -> None:
+    async def _refresh(self, view: RunRecord, channel: str) -> None:
         """The latest card and checklist; the outbox keeps only the newest of each until it is sent."""
         card, checklist = blocks.card(view), blocks.checklist(view)
         for name, message, extra in (
@@ -221,7 +217,7 @@ class Threads:
             )
 
 
-def _filename(source: str, view: RunView) -> str:
+def _filename(source: str, view: RunRecord) -> str:
     return f"{source.replace('/', '-')}-{view.run_id}.log"
 
 
@@ -238,11 +234,6 @@ def _create_thread(store: Store, run_id: str, channel: str, team_domain: str) ->
 def thread_of(store: Store, run_id: str) -> dict[str, Any] | None:
     rows = list(store.db.table("slack_threads").rows_where("run_id = ?", [run_id]))
     return rows[0] if rows else None
-
-
-def _logs(store: Store, run_id: str) -> dict[str, str]:
-    """The run's whole log, one text per source, from the stored events (so a restart loses nothing)."""
-    return logs_by_source(store.events(run_id))
 
 
 Post = Callable[[str, Message], Awaitable[None]]

@@ -1,0 +1,301 @@
+"""A run's record: the one fold of its events, of which every view of a run is a projection.
+
+The card, the checklist and the thread (bot/blocks.py, bot/slack/threads.py), the terminal (bot/render.py),
+the JSON report (bot/report.py), the bundle (bot/bundle.py) and the rerun comparison (bot/rerun.py) all read
+a `RunRecord`. Wire enums become the vocabulary's ids here and nowhere else (`fact_of`), the first error is
+defined here (`RunRecord.first_error`), and the frozen scene is parsed here once. The same events give the
+same record, which is what lets a restarted bot rebuild a thread's state from the store and carry on.
+A new event kind is taught in `fact_of` and `RunRecord.apply`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from protos import runner_pb2 as pb
+from protos.vocab import to_id
+
+FINAL_STATUSES = ("completed", "cancelled", "error", "lost")
+
+
+@dataclass(frozen=True)
+class StageStarted:
+    stage: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class StageResult:
+    stage: str
+    status: str  # "ok", "failed", "skipped", "cancelled"
+    summary: str
+
+
+@dataclass(frozen=True)
+class PhaseReached:
+    phase: str
+
+
+@dataclass(frozen=True)
+class FirstError:
+    stage: str
+    phase: str
+    category: str
+    line: str
+    signature: str
+    secondary_oom: bool
+    context: tuple[str, ...]
+    hint: str
+    repeat: bool = False  # this run showed an error with the same signature already (a relaunch, a ladder step)
+
+
+@dataclass(frozen=True)
+class Check:
+    item: str
+    state: str  # "pending", "holds", "fails"
+    evidence: str
+
+    @property
+    def holds(self) -> bool:
+        return self.state == "holds"
+
+
+@dataclass(frozen=True)
+class LadderStep:
+    step: str
+    outcome: str
+    detail: str
+    relaunched: bool
+    signature: str  # of the failure the step hit; "" when it did not fail
+    phase: str
+    category: str
+    wire: pb.LadderStepResult = field(compare=False, repr=False)  # the bundle keeps the step as sent
+
+
+@dataclass(frozen=True)
+class Finished:
+    status: str  # "completed", "cancelled", "error"
+    decision: str  # "fix", "isolate", "continue"; "" without one
+    reasons: tuple[str, ...]
+    summary: str
+    launches: int
+
+
+Fact = (
+    StageStarted
+    | StageResult
+    | PhaseReached
+    | FirstError
+    | Check
+    | LadderStep
+    | pb.LogChunk
+    | pb.RequestResult
+    | pb.Artifact
+    | Finished
+)
+
+
+def fact_of(event: pb.RunEvent, stage: str = "") -> Fact | None:
+    """An event in the vocabulary's ids (`stage`: the one running, for a first error); None for a heartbeat."""
+    kind = event.WhichOneof("payload")
+    if kind == "stage_started":
+        return StageStarted(to_id(pb.Stage, event.stage_started.stage), event.stage_started.detail)
+    if kind == "stage_finished":
+        m = event.stage_finished
+        return StageResult(to_id(pb.Stage, m.stage), to_id(pb.StageStatus, m.status), m.summary)
+    if kind == "phase_reached":
+        return PhaseReached(to_id(pb.Phase, event.phase_reached.phase))
+    if kind == "first_error":
+        e = event.first_error
+        return FirstError(
+            stage,
+            to_id(pb.Phase, e.phase),
+            to_id(pb.ErrorCategory, e.category),
+            e.line,
+            e.signature,
+            e.secondary_oom,
+            tuple(e.context),
+            e.hint,
+        )
+    if kind == "checklist_item":
+        c = event.checklist_item
+        return Check(to_id(pb.ChecklistId, c.item), to_id(pb.ChecklistState, c.state), c.evidence)
+    if kind == "ladder_step":
+        s = event.ladder_step
+        return LadderStep(
+            to_id(pb.LadderStepId, s.step),
+            to_id(pb.LadderOutcome, s.outcome),
+            s.detail,
+            s.relaunched,
+            s.signature,
+            to_id(pb.Phase, s.phase),
+            to_id(pb.ErrorCategory, s.category),
+            s,
+        )
+    if kind == "run_finished":
+        f = event.run_finished
+        return Finished(
+            to_id(pb.RunStatus, f.status), to_id(pb.Decision, f.decision), tuple(f.reasons), f.summary, f.launches
+        )
+    if kind == "log_chunk":
+        return event.log_chunk
+    if kind == "request_result":
+        return event.request_result
+    if kind == "artifact":
+        return event.artifact
+    return None
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    cluster: str = ""
+    runner: str = ""
+    image: str = ""
+    requested_by: str = ""
+    status: str = "running"
+    stage: str = ""
+    phase: str = ""
+    host: str = ""
+    digest: str = ""
+    problem: str = ""  # why the bot stopped following (lost, refused)
+    checklist: dict[str, Check] = field(default_factory=dict)  # latest by item, in the order first seen
+    first_errors: dict[str, FirstError] = field(default_factory=dict)  # by stage
+    notes: dict[str, list[pb.Artifact]] = field(default_factory=dict)  # one-line artifacts, by stage
+    artifacts: dict[str, str] = field(default_factory=dict)  # content by name (the last one of a name)
+    scene: dict[str, Any] | None = None  # the "fingerprint" artifact, parsed
+    requests: list[pb.RequestResult] = field(default_factory=list)
+    steps: list[StageResult | LadderStep] = field(default_factory=list)  # every stage's and step's result
+    logs: dict[str, list[str]] = field(default_factory=dict)  # by source, e.g. "minimal_launch/stdout"
+    finished: Finished | None = None
+    signatures: set[str] = field(default_factory=set)  # of every first error seen
+
+    @classmethod
+    def of(cls, run: dict[str, Any]) -> RunRecord:
+        """A stored run before its events: a run the store holds as ended keeps its status and why."""
+        record = cls(run["id"], run["cluster"], run["runner"] or "", run["image"] or "", run["requested_by"] or "")
+        if run["status"] in FINAL_STATUSES:
+            record.status, record.problem = run["status"], run["summary"] or ""
+        return record
+
+    @classmethod
+    def replay(cls, run_id: str, events: Iterable[pb.RunEvent]) -> RunRecord:
+        record = cls(run_id)
+        for event in events:
+            record.apply(event)
+        return record
+
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+    @property
+    def decision(self) -> str:
+        return self.finished.decision if self.finished is not None else ""
+
+    @property
+    def first_error(self) -> FirstError | None:
+        """The run's first error: that of the first stage that had one."""
+        return next(iter(self.first_errors.values()), None)
+
+    @property
+    def ladder(self) -> list[LadderStep]:
+        return [step for step in self.steps if isinstance(step, LadderStep)]
+
+    def failure(self) -> dict[str, str] | None:
+        """Where the run first failed and how: its first error, else the first stage that failed without one
+        (e.g. a baseline the scene does not meet)."""
+        error = self.first_error
+        if error is not None:
+            return {"phase": error.phase, "category": error.category, "signature": error.signature, "line": error.line}
+        for result in self.steps:
+            if isinstance(result, StageResult) and result.status == "failed":
+                signature = f"{result.stage}: {result.summary}"
+                return {
+                    "phase": result.stage,
+                    "category": "stage_failed",
+                    "signature": signature,
+                    "line": result.summary,
+                }
+        return None
+
+    def lost(self, status: str, problem: str) -> None:
+        """The bot stopped following (the runner refused the run, or contact was lost)."""
+        self.status, self.problem = status, problem
+
+    def log_texts(self) -> dict[str, str]:
+        """The run's whole log, one text per source."""
+        return {source: "\n".join(lines) + "\n" for source, lines in self.logs.items()}
+
+    def apply(self, event: pb.RunEvent) -> Fact | None:
+        """Folds one event in; returns it as a fact, for the renderers that show events as they come."""
+        fact = fact_of(event, self.stage)
+        if isinstance(fact, StageStarted):
+            self.stage, self.phase = fact.stage, ""
+        elif isinstance(fact, StageResult):
+            self.steps.append(fact)
+        elif isinstance(fact, PhaseReached):
+            self.phase = fact.phase
+        elif isinstance(fact, FirstError):
+            fact = self._first_error(fact)
+        elif isinstance(fact, Check):
+            self.checklist[fact.item] = fact
+        elif isinstance(fact, LadderStep):
+            self.steps.append(fact)
+        elif isinstance(fact, pb.LogChunk):
+            self.logs.setdefault(fact.source, []).extend(fact.lines)
+        elif isinstance(fact, pb.RequestResult):
+            self.requests.append(fact)
+        elif isinstance(fact, pb.Artifact):
+            self._artifact(fact)
+        elif isinstance(fact, Finished):
+            self.finished = fact
+            self.status, self.stage, self.phase = fact.status, "", ""
+        return fact
+
+    def _first_error(self, error: FirstError) -> FirstError:
+        """A stage's first error is the one that counts (relaunches repeat it); a later one with the same line
+        is the analyzer updating it (an OOM seen after it: secondary)."""
+        error = replace(error, repeat=error.signature in self.signatures)
+        self.signatures.add(error.signature)
+        kept = self.first_errors.get(error.stage)
+        if kept is None or kept.line == error.line:
+            self.first_errors[error.stage] = error
+        return error
+
+    def _artifact(self, artifact: pb.Artifact) -> None:
+        self.artifacts[artifact.name] = artifact.content
+        if not is_file(artifact):
+            self.notes.setdefault(self.stage, []).append(artifact)
+        if artifact.name != "fingerprint":
+            return
+        try:
+            scene = json.loads(artifact.content)
+        except ValueError:
+            return
+        if not isinstance(scene, dict):
+            return
+        self.scene = scene
+        host, image = scene.get("host") or {}, scene.get("image") or {}
+        if isinstance(host, dict):
+            self.host = str(host.get("hostname") or self.host)
+        if isinstance(image, dict):
+            self.image = str(image.get("ref") or self.image)
+        self.digest = image_digest(scene) or self.digest
+
+
+def image_digest(scene: dict[str, Any] | None) -> str:
+    """ "sha256:…" of the image the scene ran, when the registry pinned one; "" when it is known by tag only."""
+    image = (scene or {}).get("image") or {}
+    if not isinstance(image, dict):
+        return ""
+    refs = [str(image.get("ref") or ""), *(str(ref) for ref in image.get("repo_digests") or [])]
+    return next((ref.split("@", 1)[1] for ref in refs if "@sha256:" in ref), "")
+
+
+def is_file(artifact: pb.Artifact) -> bool:
+    """Structured or multi-line evidence goes to a file; a one-liner is shown in the stage's message."""
+    return artifact.media_type != "text/plain" or "\n" in artifact.content
