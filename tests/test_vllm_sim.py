@@ -737,9 +737,10 @@ async def test_openai_endpoints_usage_and_errors(sim: StartSim, http: aiohttp.Cl
 
     async with http.get(f"{url}/metrics") as response:
         metrics = await response.text()
-    assert 'vllm:request_success_total{model_name="served",engine="0",finished_reason="length"} 2.0' in metrics
-    assert 'vllm:request_success_total{model_name="served",engine="0",finished_reason="stop"} 4.0' in metrics
-    assert 'vllm:num_requests_running{model_name="served",engine="0"} 0.0' in metrics
+    # prometheus_client writes labels sorted by name, as real vLLM's /metrics has them
+    assert 'vllm:request_success_total{engine="0",finished_reason="length",model_name="served"} 2.0' in metrics
+    assert 'vllm:request_success_total{engine="0",finished_reason="stop",model_name="served"} 4.0' in metrics
+    assert 'vllm:num_requests_running{engine="0",model_name="served"} 0.0' in metrics
     assert "# TYPE vllm:prefix_cache_queries_total counter" in metrics
     assert re.search(
         r'vllm:cache_config_info\{block_size="16",.*enable_prefix_caching="True",.*num_gpu_blocks="\d+"', metrics

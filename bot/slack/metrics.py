@@ -1,47 +1,40 @@
-"""Counters and gauges in Prometheus' text format, without a client library: the bot needs a handful."""
+"""The bot's counters and gauges through prometheus_client, so the exposition (escaping included) is the
+library's, not ours. Families are declared in bot/data/metrics.toml; each Metrics has its own registry."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+import tomllib
 from collections.abc import Callable
+from importlib import resources
 
-Labels = tuple[tuple[str, str], ...]
-
-HELP = {
-    "k3repro_slack_requests_total": ("counter", "slash commands and button clicks acknowledged, by answer"),
-    "k3repro_slack_http_requests_total": ("counter", "HTTP requests to the Slack endpoint, by status"),
-    "k3repro_slack_http_seconds_total": ("counter", "time spent answering the Slack endpoint (ack latency sum)"),
-    "k3repro_slack_writes_total": ("counter", "Slack Web API writes by method and outcome"),
-    "k3repro_slack_outbox_pending": ("gauge", "writes waiting in the outbox"),
-    "k3repro_runs_followed": ("gauge", "runs whose thread the bot is following"),
-}
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 
 class Metrics:
     def __init__(self) -> None:
-        self._counters: dict[str, dict[Labels, float]] = defaultdict(lambda: defaultdict(float))
-        self._gauges: dict[str, Callable[[], float]] = {}
+        self.registry = CollectorRegistry()
+        self._counters: dict[str, Counter] = {}
+        self._gauges: dict[str, Gauge] = {}
+        text = resources.files("bot.data").joinpath("metrics.toml").read_text(encoding="utf-8")
+        for spec in tomllib.loads(text)["metric"]:
+            name, labels = spec["name"], spec.get("labels", [])
+            if spec["type"] == "counter":
+                self._counters[name] = Counter(name, spec["help"], labels, registry=self.registry)
+            else:
+                self._gauges[name] = Gauge(name, spec["help"], labels, registry=self.registry)
 
     def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
-        self._counters[name][tuple(sorted(labels.items()))] += value
+        counter = self._counters[name]
+        (counter.labels(**labels) if labels else counter).inc(value)
 
     def value(self, name: str, **labels: str) -> float:
-        return self._counters[name].get(tuple(sorted(labels.items())), 0.0)
+        return self.registry.get_sample_value(name, labels) or 0.0
 
     def gauge(self, name: str, read: Callable[[], float]) -> None:
-        self._gauges[name] = read
+        self._gauges[name].set_function(read)
 
     def render(self, extra: dict[str, float] | None = None) -> str:
-        lines: list[str] = []
-        samples: dict[str, dict[Labels, float]] = {**self._counters}
-        for name, read in self._gauges.items():
-            samples[name] = {(): read()}
-        for name, value in (extra or {}).items():
-            samples[name] = {(): value}
-        for name in sorted(samples):
-            kind, text = HELP.get(name, ("untyped", name))
-            lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
-            for labels, value in sorted(samples[name].items()):
-                label_text = ",".join(f'{key}="{val}"' for key, val in labels)
-                lines.append(f"{name}{{{label_text}}} {value:g}" if label_text else f"{name} {value:g}")
-        return "\n".join(lines) + "\n"
+        """The text exposition; `extra` sets gauges read only at scrape time (the outbox's queue)."""
+        for name, number in (extra or {}).items():
+            self._gauges[name].set(number)
+        return generate_latest(self.registry).decode()

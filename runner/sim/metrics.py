@@ -1,10 +1,16 @@
-"""/metrics: the engine's statistics in Prometheus text format with vLLM's names and labels."""
+"""/metrics: the engine's statistics with vLLM's names and labels, exposed by prometheus_client as vLLM
+exposes them (its `_total` and `_created` samples, number formatting and escaping included)."""
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from runner.sim.datafiles import load
 from runner.sim.engine import Engine
@@ -12,28 +18,21 @@ from runner.sim.engine import Engine
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def _number(value: float) -> str:
-    """prometheus_client's floatToGoString: Go switches to exponents sooner than Python."""
-    text = repr(float(value))
-    dot = text.find(".")
-    if value > 0 and dot > 6:
-        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1 :]}".rstrip("0.")
-        return f"{mantissa}e+0{dot - 1}"
-    return text
+class Metrics(Collector):
+    """Read from the engine at every scrape (a collector, not instruments the engine would have to update)."""
 
-
-def _labels(pairs: Mapping[str, object]) -> str:
-    return ",".join(f'{key}="{value}"' for key, value in pairs.items())
-
-
-class Metrics:
     def __init__(self, engine: Engine, model_name: str, values: dict[str, object]) -> None:
         self._engine = engine
-        self._base: dict[str, object] = {"model_name": model_name, "engine": "0"}
+        self._base = {"model_name": model_name, "engine": "0"}
         self._values = values
         self._created = time.time()
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(self)
 
     def render(self) -> str:
+        return generate_latest(self._registry).decode()
+
+    def collect(self) -> Iterator[Metric]:
         data = load("metrics.toml")
         engine = self._engine
         stats: dict[str, float | Counter[str]] = {
@@ -47,22 +46,25 @@ class Metrics:
             "generation_tokens": engine.generation_tokens,
             "request_success": engine.request_success,
         }
-        out: list[str] = []
-        for metric in data["metric"]:
-            name, kind = metric["name"], metric["type"]
-            out += [f"# HELP {name} {metric['help']}", f"# TYPE {name} {kind}"]
-            value = stats[metric["value"]]
-            if isinstance(value, Counter):  # one sample per value of the `by` label, zeros included
-                series = [({**self._base, metric["by"]: label}, float(value[label])) for label in metric["values"]]
+        for spec in data["metric"]:
+            value = stats[spec["value"]]
+            by = [spec["by"]] if isinstance(value, Counter) else []
+            family: CounterMetricFamily | GaugeMetricFamily
+            if spec["type"] == "counter":
+                family = CounterMetricFamily(spec["name"], spec["help"], labels=[*self._base, *by])
             else:
-                series = [(self._base, float(value))]
-            for labels, number in series:
-                out.append(f"{name}{{{_labels(labels)}}} {_number(number)}")
-                if kind == "counter":
-                    created = name.removesuffix("_total") + "_created"
-                    out.append(f"{created}{{{_labels(labels)}}} {_number(self._created)}")
+                family = GaugeMetricFamily(spec["name"], spec["help"], labels=[*self._base, *by])
+            # a map gets one sample per value of the `by` label, zeros included
+            series = [[label] for label in spec["values"]] if isinstance(value, Counter) else [[]]
+            for extra in series:
+                number = float(value[extra[0]]) if isinstance(value, Counter) else float(value)
+                if isinstance(family, CounterMetricFamily):
+                    family.add_metric([*self._base.values(), *extra], number, created=self._created)
+                else:
+                    family.add_metric([*self._base.values(), *extra], number)
+            yield family
         info = data["cache_config_info"]
         labels = {key: template.format(**self._values) for key, template in info["labels"].items()}
-        out += [f"# HELP {info['name']} {info['help']}", f"# TYPE {info['name']} gauge"]
-        out.append(f"{info['name']}{{{_labels(labels)}}} 1.0")
-        return "\n".join(out) + "\n"
+        cache = GaugeMetricFamily(info["name"], info["help"], labels=list(labels))
+        cache.add_metric(list(labels.values()), 1.0)
+        yield cache

@@ -1,24 +1,23 @@
-"""Reading counters from a Prometheus text exposition (vLLM's /metrics)."""
+"""Reading counters from vLLM's /metrics with prometheus_client's parser (labels, escaping, `_total` and
+`_created` samples are its business, not ours)."""
 
 from __future__ import annotations
 
 import math
-import re
 
-_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)")
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def counter_total(text: str, names: tuple[str, ...]) -> float | None:
-    """The sum over all label sets of the first of `names` that the text has (names by vLLM version)."""
+    """The sum over all label sets of the first of `names` that the text has (names by vLLM version, each
+    as its samples are named: `vllm:prefix_cache_hits_total`). None when none is there or the text does not
+    parse: a scrape we cannot read is no evidence either way."""
     totals: dict[str, float] = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match is None or match["name"] not in names:
-            continue
-        try:
-            value = float(match["value"])
-        except ValueError:
-            continue
-        if math.isfinite(value):
-            totals[match["name"]] = totals.get(match["name"], 0.0) + value
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in names and math.isfinite(sample.value):
+                    totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    except ValueError:
+        return None
     return next((totals[name] for name in names if name in totals), None)
