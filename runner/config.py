@@ -64,6 +64,7 @@ class RunnerConfig:
     request_bodies: str = "text"  # how the scene records the fixed request's body: "text" (redacted) or "hash"
     tls: TlsFiles | None = None
     engine: EngineConfig = field(default_factory=EngineConfig)
+    metrics_listen: str = ""  # `[metrics] listen`: HOST:PORT of the Prometheus endpoint; "" serves none
 
     @property
     def journal_path(self) -> Path:
@@ -143,6 +144,7 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
         request_bodies=reader.text("request_bodies", "text"),
         tls=tls,
         engine=engine,
+        metrics_listen=TomlReader(reader.table("metrics"), f"{origin} [metrics]").text("listen", ""),
     )
     if config.request_bodies not in ("text", "hash"):
         raise ConfigError(f'{origin}: request_bodies must be "text" or "hash", got {config.request_bodies!r}')
@@ -181,12 +183,18 @@ def _check_ranges(engine: EngineConfig, origin: str) -> None:
             raise ConfigError(f"{origin}: {name} must be 0 or more, got {getattr(engine, name)!r}")
 
 
+def _check_address(origin: str, key: str, listen: str) -> None:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{origin}: {key} must be HOST:PORT (port 0-65535), got {listen!r}")
+
+
 def _check_runner(config: RunnerConfig, origin: str) -> None:
     """Values that parse but cannot work, refused at load with the key that is wrong."""
     if not config.heartbeat_s >= 0.05:
         raise ConfigError(f"{origin}: heartbeat_s must be at least 0.05, got {config.heartbeat_s!r}")
-    host, sep, port = config.listen.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"{origin}: listen must be HOST:PORT (port 0-65535), got {config.listen!r}")
+    _check_address(origin, "listen", config.listen)
+    if config.metrics_listen:
+        _check_address(origin, "[metrics] listen", config.metrics_listen)
     if config.state_dir.exists() and not config.state_dir.is_dir():
         raise ConfigError(f"{origin}: state_dir {str(config.state_dir)!r} is not a directory")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO
 
 import grpc
+from aiohttp import web
 from grpc_health.v1 import _async as health_aio  # the module behind grpc_health.v1.health.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -26,6 +27,7 @@ from protos import runner_pb2_grpc as pb_grpc
 from runner.config import RunnerConfig
 from runner.engines import make_backend
 from runner.journal import Journal
+from runner.metrics import RunnerMetrics
 from runner.runs import RunHub
 from runner.service import RunnerService
 from runner.tls import server_credentials
@@ -72,7 +74,16 @@ class RunnerDaemon:
             ),
             self.server,
         )
+        self.metrics: RunnerMetrics | None = None
+        self._metrics_site: web.AppRunner | None = None
+        if config.metrics_listen:
+            active = self.hub.active
+            self.metrics = RunnerMetrics(
+                config.name, config.cluster, config.engine.backend, config.journal_path, lambda: len(active)
+            )
+            self.hub.events.observers.append(self.metrics.observe)
         self.port = 0
+        self.metrics_port = 0  # the bound port of `[metrics] listen`, 0 when it is off
         self._stopped = asyncio.Event()
         self._stopping: asyncio.Task[None] | None = None
 
@@ -91,6 +102,8 @@ class RunnerDaemon:
             self.port = 0
         if self.port == 0:
             raise DaemonStartError(f"cannot listen on {self.config.listen} (in use, or not an address of this host)")
+        if self.metrics is not None:
+            await self._serve_metrics(self.metrics)
         recovered = await self.hub.recover()
         if recovered:
             log.warning("closed %d run(s) left unfinished by a previous runner process", len(recovered))
@@ -100,11 +113,28 @@ class RunnerDaemon:
         log.info("runner %s (cluster %s) listening on port %d", self.config.name, self.config.cluster, self.port)
         return self.port
 
+    async def _serve_metrics(self, metrics: RunnerMetrics) -> None:
+        """The Prometheus endpoint on its own address: scraped over plain HTTP, apart from the mTLS gRPC port."""
+        listen = self.config.metrics_listen
+        _check_bindable(listen)
+        host, _, port = listen.rpartition(":")
+        runner = web.AppRunner(metrics.app(), access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host.strip("[]"), int(port)).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise DaemonStartError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
+        self._metrics_site = runner
+        self.metrics_port = int(runner.addresses[0][1])
+
     async def stop(self, reason: str = SHUTDOWN_REASON, grace_s: float = 5.0) -> None:
         """Health goes NOT_SERVING first, then active runs are cancelled and reported, then the server stops."""
         await self.health.enter_graceful_shutdown()
         await self.hub.shutdown(reason)
         await self.server.stop(grace_s)
+        if self._metrics_site is not None:
+            await self._metrics_site.cleanup()
         self.journal.close()
         self._lock.close()
         self._stopped.set()

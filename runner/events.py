@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections.abc import Callable
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -31,6 +32,7 @@ class EventLog:
         self._seq: dict[str, int] = {}
         self.broken: dict[str, str] = {}  # run id -> why its journal write failed
         self.unjournaled: dict[str, pb.RunEvent] = {}  # a run's last event, when even that could not be written
+        self.observers: list[Callable[[pb.RunEvent], None]] = []  # told every event with a seq (the metrics)
 
     async def emit(self, run_id: str, **payload: Any) -> pb.RunEvent:
         finished = "run_finished" in payload
@@ -49,6 +51,8 @@ class EventLog:
                 raise JournalWriteError(reason) from None
             self.unjournaled[run_id] = event  # still told to watchers; a restarted runner closes the run
         self._seq[run_id] = event.seq
+        for observe in self.observers:
+            observe(event)
         async with self.changed:
             self.changed.notify_all()
         return event
