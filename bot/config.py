@@ -56,7 +56,7 @@ class IsolationConfig:
     token_file: Path | None = None
     ca_file: Path | None = None
     namespace: str = "k3repro"
-    job_template: Path | None = None  # kubernetes: deploy/k8s/isolated-runner-job.json
+    job_template: Path | None = None  # kubernetes: deploy/k8s/isolated-runner-job.yaml
     image: str = ""  # kubernetes: the runner's image
     runner_port: int = 50051
     node_selector: tuple[tuple[str, str], ...] = ()

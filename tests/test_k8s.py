@@ -1,5 +1,6 @@
-"""The `kubernetes` isolation provider: the Job and DaemonSet manifests from deploy/k8s/, and the Job's life
-through the Kubernetes API, against a local fake API server that records every request."""
+"""The `kubernetes` isolation provider: the manifests in deploy/k8s/ (each validated against the Kubernetes
+schemas, offline), and the Job's life through lightkube against a local fake API server that records every
+request (and whose every request the bot's Role allows)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
+import kubernetes_validate
 import pytest
+import yaml
 from aiohttp import web
 
 from bot.config import IsolationConfig
@@ -24,7 +28,8 @@ from runner.tls import DevCerts
 from tests.k3fixtures import bot_config, runner_data, running_runner
 
 K8S = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
-TEMPLATE = K8S / "isolated-runner-job.json"
+TEMPLATE = K8S / "isolated-runner-job.yaml"
+KUBERNETES_VERSION = "1.31.0"  # the oldest release the manifests are checked against (strict: no unknown fields)
 SELECTOR = {"k3repro.io/isolated": "true"}
 TOLERATION = {"key": "k3repro.io/isolated", "operator": "Exists", "effect": "NoSchedule"}
 ISOLATION = {
@@ -41,7 +46,8 @@ ISOLATION = {
 
 @dataclass
 class FakeApi:
-    """Jobs are created, listed through their pods and deleted; `pending` polls before the pod runs."""
+    """Jobs are created, listed through their pods and deleted; `pending` polls before the pod runs. Answers
+    are shaped as the API server's: `application/json`, kinds and list metadata, a Pod made from its Job."""
 
     pending: int = 2
     pod_ip: str = "127.0.0.1"
@@ -52,28 +58,57 @@ class FakeApi:
         body = await request.json() if request.can_read_body else None
         self.requests.append((request.method, request.path_qs, body))
         if request.headers.get("Authorization") != "Bearer test-token":
-            return web.json_response({"message": "Unauthorized"}, status=401)
+            return _json(_status(401, "Unauthorized"), 401)
         path = request.path
         if request.method == "POST" and path == "/apis/batch/v1/namespaces/gpu/jobs":
             self.jobs[body["metadata"]["name"]] = body
-            return web.json_response(body, status=201)
+            return _json(body, 201)
         if request.method == "GET" and path == "/api/v1/namespaces/gpu/pods":
-            if self.pending > 0:
-                self.pending -= 1
-                condition = {"type": "PodScheduled", "status": "False", "message": "0/4 nodes are available"}
-                return web.json_response({"items": [{"status": {"phase": "Pending", "conditions": [condition]}}]})
-            pod = {"spec": {"nodeName": "gpu-b7"}, "status": {"phase": "Running", "podIP": self.pod_ip}}
-            return web.json_response({"items": [pod]})
+            job = request.query["labelSelector"].removeprefix("job-name=")
+            pods = [] if job not in self.jobs else [self._pod(job)]
+            return _json({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "7"}, "items": pods})
         name = path.rsplit("/", 1)[-1]
         if request.method == "DELETE":
-            return web.json_response({"status": "Success"}) if self.jobs.pop(name, None) else _missing()
+            return _json(_status(200, "")) if self.jobs.pop(name, None) else _missing(name)
         if request.method == "GET" and path.startswith("/apis/batch/v1/namespaces/gpu/jobs/"):
-            return web.json_response(self.jobs[name]) if name in self.jobs else _missing()
-        return _missing()
+            return _json(self.jobs[name]) if name in self.jobs else _missing(name)
+        return _missing(name)
+
+    def _pod(self, job: str) -> dict[str, Any]:
+        template = self.jobs[job]["spec"]["template"]
+        metadata = {
+            "name": f"{job}-x7k2p",
+            "namespace": "gpu",
+            "labels": {**template["metadata"]["labels"], "job-name": job},
+        }
+        if self.pending > 0:
+            self.pending -= 1
+            condition = {"type": "PodScheduled", "status": "False", "message": "0/4 nodes are available"}
+            status: dict[str, Any] = {"phase": "Pending", "conditions": [condition]}
+            spec = template["spec"]
+        else:
+            status = {"phase": "Running", "podIP": self.pod_ip}
+            spec = {**template["spec"], "nodeName": "gpu-b7"}
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec, "status": status}
 
 
-def _missing() -> web.Response:
-    return web.json_response({"message": "not found"}, status=404)
+def _json(data: dict[str, Any], status: int = 200) -> web.Response:
+    return web.Response(body=json.dumps(data).encode(), status=status, headers={"Content-Type": "application/json"})
+
+
+def _status(code: int, message: str) -> dict[str, Any]:
+    failure = code >= 300
+    return {
+        "apiVersion": "v1",
+        "kind": "Status",
+        "status": "Failure" if failure else "Success",
+        "message": message,
+        "code": code,
+    }
+
+
+def _missing(name: str) -> web.Response:
+    return _json(_status(404, f'jobs.batch "{name}" not found'), 404)
 
 
 @contextlib.asynccontextmanager
@@ -126,7 +161,7 @@ def test_the_job_template_renders_a_placed_once_runner_with_its_tls_secret(tmp_p
 
 
 def test_the_daemonset_runs_a_runner_on_every_regular_gpu_host_but_not_on_isolated_ones() -> None:
-    ds = json.loads((K8S / "runner-daemonset.json").read_text())
+    ds = yaml.safe_load((K8S / "runner-daemonset.yaml").read_text())
     assert (ds["apiVersion"], ds["kind"]) == ("apps/v1", "DaemonSet")
     template = ds["spec"]["template"]
     assert ds["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
@@ -137,7 +172,9 @@ def test_the_daemonset_runs_a_runner_on_every_regular_gpu_host_but_not_on_isolat
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     (container,) = pod["containers"]
     assert container["command"] == ["k3repro-runner", "serve", "--config", "/etc/k3repro/runner.toml"]
-    assert container["ports"][0]["hostPort"] == container["ports"][0]["containerPort"] == 50051
+    ports = {p["name"]: p for p in container["ports"]}
+    assert ports["grpc"]["hostPort"] == ports["grpc"]["containerPort"] == 50051
+    assert ports["metrics"]["containerPort"] == 9400  # deploy/config/runner.toml's [metrics] listen
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert mounts["tls"] == "/etc/k3repro/tls" and volumes["tls"]["secret"]["secretName"] == "k3repro-runner-tls"
@@ -145,7 +182,7 @@ def test_the_daemonset_runs_a_runner_on_every_regular_gpu_host_but_not_on_isolat
 
 
 def test_a_template_with_an_unknown_placeholder_is_a_clear_error(tmp_path: Path) -> None:
-    bad = tmp_path / "job.json"
+    bad = tmp_path / "job.yaml"
     bad.write_text('{"metadata": {"name": "x-${NOPE}"}}')
     with pytest.raises(IsolationError, match="unknown placeholder 'NOPE'"):
         render(bad, {})
@@ -175,9 +212,12 @@ async def test_a_rerun_creates_the_job_connects_to_its_pod_and_deletes_it(certs:
     assert methods[0] == ("POST", "/apis/batch/v1/namespaces/gpu/jobs")
     assert methods[1:4] == [("GET", "/api/v1/namespaces/gpu/pods")] * 3  # pending twice, then running
     assert ("DELETE", f"/apis/batch/v1/namespaces/gpu/jobs/{name}") in methods and api.jobs == {}
-    assert api.requests[1][1].endswith(f"labelSelector=job-name%3D{name}")
-    delete = next(body for method, _, body in api.requests if method == "DELETE")
-    assert delete == {"propagationPolicy": "Background"}
+    assert parse_qs(urlsplit(api.requests[1][1]).query)["labelSelector"] == [f"job-name={name}"]
+    delete = next(path for method, path, _ in api.requests if method == "DELETE")
+    assert parse_qs(urlsplit(delete).query)["propagationPolicy"] == ["Background"]  # the Job's pods go too
+    allowed = _allowed_by_the_bot_role()
+    for method, path, _ in api.requests:
+        assert _verb(method, path) in allowed, (method, path)
     assert link[0]["provider"] == "kubernetes" and link[0]["verdict"] == "reproduced"
 
 
@@ -203,6 +243,80 @@ async def test_an_api_that_refuses_is_one_line_and_nothing_is_left(tmp_path: Pat
         ):
             await provider.acquire("r1")
     assert api.jobs == {}
+
+
+def _manifests() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (path.name, document)
+        for path in sorted(K8S.glob("*.yaml"))
+        if path != TEMPLATE
+        for document in yaml.safe_load_all(path.read_text())
+    ]
+
+
+def _allowed_by_the_bot_role() -> set[tuple[str, str, str]]:
+    """(API group, resource, verb) the bot's ServiceAccount may use, through its RoleBinding."""
+    documents = {(d["kind"], d["metadata"]["name"]): d for _, d in _manifests()}
+    (binding,) = [d for (kind, _), d in documents.items() if kind == "RoleBinding"]
+    account = documents[("ServiceAccount", "k3repro-bot")]
+    assert {"kind": "ServiceAccount", "name": "k3repro-bot", "namespace": account["metadata"]["namespace"]} in (
+        binding["subjects"]
+    )
+    bot = next(d for (kind, _), d in documents.items() if kind == "Deployment")
+    assert bot["spec"]["template"]["spec"]["serviceAccountName"] == "k3repro-bot"
+    role = documents[("Role", binding["roleRef"]["name"])]
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def _verb(method: str, path_qs: str) -> tuple[str, str, str]:
+    """The RBAC verb a request to the fake API needs: /api/v1/namespaces/NS/pods (core) or /apis/G/V/..."""
+    parts = urlsplit(path_qs).path.strip("/").split("/")
+    group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
+    resource, named = rest[2], len(rest) > 3
+    verb = {"POST": "create", "DELETE": "delete", "GET": "get" if named else "list"}[method]
+    return group, resource, verb
+
+
+def test_every_manifest_validates_against_the_kubernetes_schemas(tmp_path: Path) -> None:
+    rendered = KubernetesProvider(_config(tmp_path, "http://unused")).job("20261130-101010-AB12")
+    documents = [*_manifests(), (TEMPLATE.name, rendered)]
+    kinds = {document["kind"] for _, document in documents}
+    assert kinds >= {"DaemonSet", "Deployment", "Service", "Job", "ServiceAccount", "Role", "RoleBinding"}
+    assert kinds >= {"Secret", "ConfigMap"}
+    for name, document in documents:
+        kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+        assert document["metadata"].get("namespace", "k3repro") in ("k3repro", "gpu"), name
+
+
+def test_the_schema_check_catches_a_misspelt_field() -> None:
+    ds = yaml.safe_load((K8S / "runner-daemonset.yaml").read_text())
+    ds["spec"]["template"]["spec"]["nodeSelecter"] = ds["spec"]["template"]["spec"].pop("nodeSelector")
+    with pytest.raises(kubernetes_validate.ValidationError, match="nodeSelecter"):
+        kubernetes_validate.validate(ds, KUBERNETES_VERSION, strict=True)
+
+
+def test_every_secret_and_config_map_a_pod_mounts_is_in_the_layout(tmp_path: Path) -> None:
+    documents = _manifests()
+    provided = {(d["kind"], d["metadata"]["name"]) for _, d in documents}
+    job = KubernetesProvider(_config(tmp_path, "http://unused")).job("r1")
+    pods = [d["spec"]["template"]["spec"] for _, d in documents if d["kind"] in ("DaemonSet", "Deployment")]
+    for pod in [*pods, job["spec"]["template"]["spec"]]:
+        for volume in pod["volumes"]:
+            if "secret" in volume:
+                assert ("Secret", volume["secret"]["secretName"]) in provided
+            if "configMap" in volume:
+                assert ("ConfigMap", volume["configMap"]["name"]) in provided
+            if "persistentVolumeClaim" in volume:
+                assert ("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"]) in provided
+        for container in pod["containers"]:
+            for source in container.get("envFrom", []):
+                assert ("Secret", source["secretRef"]["name"]) in provided
 
 
 async def _ignore(event: pb.RunEvent) -> None:

@@ -1,31 +1,38 @@
 """`kubernetes`: one Job per rerun from the template in deploy/k8s/, placed by node selector and tolerations,
-started and removed through the Kubernetes API (a thin aiohttp client: a POST, a few GETs, a DELETE)."""
+started, watched and removed through lightkube (its client: auth, TLS, rotated service-account tokens)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import ssl
 import time
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from string import Template
-from typing import Any
-from urllib.parse import quote
+from typing import Any, TypeVar
 
-import aiohttp
+import httpx
+import yaml
+from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.codecs import from_dict
+from lightkube.config.models import Cluster, User
+from lightkube.resources.batch_v1 import Job
+from lightkube.resources.core_v1 import Pod
+from lightkube.types import CascadeType
 
 from bot.config import IsolationConfig
 from bot.isolation.base import IsolationError, Placement
 
 GONE_S = 30.0
+T = TypeVar("T")
 
 
 def render(template: Path, values: dict[str, Any]) -> dict[str, Any]:
-    """The template (JSON) with `${NAME}` filled in; a string that is only `${NAME}` takes the value as it is
+    """The template (YAML) with `${NAME}` filled in; a string that is only `${NAME}` takes the value as it is
     (a number, a table, a list), so structure is never built from text."""
     try:
-        document = json.loads(template.read_text())
-    except (OSError, ValueError) as exc:
+        document = yaml.safe_load(template.read_text())
+    except (OSError, yaml.YAMLError) as exc:
         raise IsolationError(f"job template {template}: {exc}") from None
 
     def fill(node: Any) -> Any:
@@ -83,76 +90,91 @@ class KubernetesProvider:
     async def acquire(self, rerun_id: str) -> Placement:
         job = self.job(rerun_id)
         name = job["metadata"]["name"]
-        async with self._session() as http:
-            await self._call(http, "POST", f"/apis/batch/v1/namespaces/{self.config.namespace}/jobs", job)
+        async with self._client() as client:
+            await _api(client.create(from_dict(job)))
             try:
-                ip, node = await self._until_running(http, name)
+                ip, node = await self._until_running(client, name)
             except BaseException:
-                await self._delete(http, name)
+                await self._delete(client, name)
                 raise
         where = f"kubernetes job {self.config.namespace}/{name} on node {node}"
         return Placement(self.name, f"{ip}:{self.config.runner_port}", where, name)
 
     async def release(self, placement: Placement) -> None:
-        async with self._session() as http:
-            await self._delete(http, placement.handle)
+        async with self._client() as client:
+            await self._delete(client, placement.handle)
 
-    async def _until_running(self, http: aiohttp.ClientSession, name: str) -> tuple[str, str]:
+    async def _until_running(self, client: AsyncClient, name: str) -> tuple[str, str]:
         deadline = time.monotonic() + self.config.queue_wait_s
-        selector = quote(f"job-name={name}")
         while True:
-            pods = await self._call(
-                http, "GET", f"/api/v1/namespaces/{self.config.namespace}/pods?labelSelector={selector}"
-            )
-            pod = (pods.get("items") or [{}])[0]
-            status = pod.get("status", {})
-            phase = status.get("phase", "Pending")
-            if phase == "Running" and status.get("podIP"):
-                return status["podIP"], pod.get("spec", {}).get("nodeName", "?")
+            pod = await _api(_first_pod(client, name))
+            status = pod.status if pod is not None else None
+            phase = (status.phase if status is not None else None) or "Pending"
+            if phase == "Running" and status is not None and status.podIP:
+                node = pod.spec.nodeName if pod is not None and pod.spec is not None else None
+                return status.podIP, node or "?"
             if phase in ("Succeeded", "Failed"):
                 raise IsolationError(f"kubernetes job {name} ended before its runner came up ({phase})")
             if time.monotonic() >= deadline:
-                why = next((c.get("message") for c in status.get("conditions", []) if c.get("message")), "")
+                conditions = (status.conditions if status is not None else None) or []
+                why = next((c.message for c in conditions if c.message), "")
                 raise IsolationError(
                     f"kubernetes job {name} did not start within {self.config.queue_wait_s:g} s "
                     f"({phase}: {why or 'no reason given'}); it was deleted"
                 )
             await asyncio.sleep(self.config.poll_s)
 
-    async def _delete(self, http: aiohttp.ClientSession, name: str) -> None:
-        path = f"/apis/batch/v1/namespaces/{self.config.namespace}/jobs/{name}"
-        await self._call(http, "DELETE", path, {"propagationPolicy": "Background"}, missing_ok=True)
+    async def _delete(self, client: AsyncClient, name: str) -> None:
+        """Deletes the Job with its pods (background propagation) and waits, bounded, until it is gone."""
+        namespace = self.config.namespace
         deadline = time.monotonic() + GONE_S
-        while True:
-            if not await self._call(http, "GET", path, missing_ok=True) or time.monotonic() >= deadline:
+        if not await _api(_missing_ok(client.delete(Job, name, namespace=namespace, cascade=CascadeType.BACKGROUND))):
+            return
+        while time.monotonic() < deadline:
+            if not await _api(_missing_ok(client.get(Job, name, namespace=namespace))):
                 return
             await asyncio.sleep(self.config.poll_s)
 
-    def _session(self) -> aiohttp.ClientSession:
+    @asynccontextmanager
+    async def _client(self) -> AsyncIterator[AsyncClient]:
         c = self.config
-        headers = {"Accept": "application/json"}
-        if c.token_file is not None:
-            headers["Authorization"] = f"Bearer {c.token_file.read_text().strip()}"
-        context = ssl.create_default_context(cafile=str(c.ca_file)) if c.ca_file else None
-        return aiohttp.ClientSession(
-            base_url=c.api_url,
-            headers=headers,
-            connector=aiohttp.TCPConnector(ssl=context) if context else None,
-            timeout=aiohttp.ClientTimeout(total=30),
-        )
-
-    async def _call(
-        self, http: aiohttp.ClientSession, method: str, path: str, body: Any = None, *, missing_ok: bool = False
-    ) -> dict[str, Any]:
+        cluster = Cluster(server=c.api_url, certificate_auth=str(c.ca_file) if c.ca_file else None)
+        user = User(token_file=str(c.token_file)) if c.token_file is not None else None
+        config = KubeConfig.from_one(cluster=cluster, user=user, namespace=c.namespace)
+        client = AsyncClient(config, timeout=httpx.Timeout(30.0), trust_env=False)
         try:
-            async with http.request(method, path, json=body) as response:
-                if response.status == 404 and missing_ok:
-                    return {}
-                payload = await response.json(content_type=None)
-                if response.status >= 300:
-                    message = payload.get("message", "") if isinstance(payload, dict) else ""
-                    raise IsolationError(f"kubernetes API {method} {path}: {response.status} {message}".rstrip())
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise IsolationError(f"kubernetes API {method} {path}: {exc or type(exc).__name__}") from None
-        result: dict[str, Any] = payload
-        return result
+            yield client
+        finally:
+            await client.close()
+
+
+async def _first_pod(client: AsyncClient, job: str) -> Pod | None:
+    """The Job's pod (Kubernetes labels it job-name=<job>), or None while it has none."""
+    async for pod in client.list(Pod, labels={"job-name": job}):
+        return pod
+    return None
+
+
+async def _missing_ok(call: Awaitable[Any]) -> bool:
+    """Whether the object was there: a 404 is an answer here, not an error."""
+    try:
+        await call
+    except httpx.HTTPStatusError as exc:  # ApiError, or a proxy's answer that is not a Status
+        if exc.response.status_code == 404:
+            return False
+        raise
+    return True
+
+
+async def _api(call: Awaitable[T]) -> T:
+    """The call's result; whatever the API or the network answered instead is one IsolationError line."""
+    try:
+        return await call
+    except httpx.HTTPStatusError as exc:
+        request = exc.request
+        message = (exc.status.message or "") if isinstance(exc, ApiError) else exc.response.reason_phrase
+        raise IsolationError(
+            f"kubernetes API {request.method} {request.url.path}: {exc.response.status_code} {message}".rstrip()
+        ) from None
+    except (httpx.HTTPError, TimeoutError, ValueError) as exc:
+        raise IsolationError(f"kubernetes API: {exc or type(exc).__name__}") from None
