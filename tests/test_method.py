@@ -14,7 +14,7 @@ from bot.coordinator import Coordinator
 from bot.report import run_report
 from bot.store import AsyncStore
 from protos import runner_pb2 as pb
-from protos.vocab import to_id
+from protos.vocab import CHECKLIST, to_id
 from runner.analyzer import analyze_text
 from runner.analyzer.messages import first_error_message
 from runner.sim.scenario import scenario_path
@@ -42,10 +42,17 @@ def _ladder(events: list[pb.RunEvent]) -> list[tuple[str, str, bool]]:
 
 
 def _checklist(events: list[pb.RunEvent]) -> dict[str, tuple[int, str]]:
+    """The latest state of each item; each was set by a stage the checklist table names for it."""
+    owners = {item.id: item.stages for item in CHECKLIST}
     latest: dict[str, tuple[int, str]] = {}
+    stage = ""
     for e in events:
+        if e.HasField("stage_started"):
+            stage = to_id(pb.Stage, e.stage_started.stage)
         if e.HasField("checklist_item"):
-            latest[to_id(pb.ChecklistId, e.checklist_item.item)] = (e.checklist_item.state, e.checklist_item.evidence)
+            item = to_id(pb.ChecklistId, e.checklist_item.item)
+            assert stage in owners[item], f"{item} set in {stage}, not by {owners[item]}"
+            latest[item] = (e.checklist_item.state, e.checklist_item.evidence)
     return latest
 
 
@@ -113,6 +120,7 @@ async def test_failure_at_minimal_launch_is_repeated_and_skips_the_ladder(certs:
     assert checks["revertible_baseline"][0] == FAILS
     sources = {e.log_chunk.source for e in events if e.HasField("log_chunk")}
     assert {"minimal_launch", "minimal_launch/attempt-2"} <= sources
+    assert not any(e.artifact.name == "proxy_launch" for e in events)  # a gpu_detect failure costs seconds anyway
     assert not any(e.artifact.name == "enforce_eager_diagnostic" for e in events)  # NCCL is not a CUDA graph failure
 
 
@@ -226,3 +234,54 @@ async def test_a_driver_upgraded_under_a_run_makes_it_isolate(certs: DevCerts, t
         store.close()
     assert upgraded.is_set() and finished.decision == pb.DECISION_ISOLATE
     assert "the NVIDIA driver changed during the run (580.65.06 → 580.82.07)" in finished.reasons[0]
+
+
+async def test_the_trigger_step_is_repeated_on_a_proxy_that_shows_the_same_failure(
+    certs: DevCerts, tmp_path: Path
+) -> None:
+    events = await _run(certs, tmp_path, "prefix-cache-crash")
+    sources = [e.log_chunk.source for e in events if e.HasField("log_chunk")]
+    assert "ladder/prefix_caching/proxy" in sources  # the deployment's --load-format stays: fewer layers, eager
+    proxy = next(e.artifact.content for e in events if e.artifact.name == "proxy_launch")
+    assert proxy.startswith("ladder/prefix_caching/proxy: fewer_layers + eager (no all but one of the model's")
+    assert not any(e.artifact.name == "proxy_abandoned" for e in events)
+    report = run_report("r", events)
+    assert report["trigger_step"] == "prefix_caching" and report["checklist"]["failure_repeated"]
+
+
+async def test_a_proxy_that_does_not_reproduce_the_failure_is_abandoned_for_the_real_launch(
+    certs: DevCerts, tmp_path: Path
+) -> None:
+    scenario = tmp_path / "host.toml"  # here the crash needs every layer: the fewer-layers proxy cannot show it
+    scenario.write_text(
+        scenario_path("prefix-cache-crash")
+        .read_text()
+        .replace("[fault.when]\n", '[fault.when]\nflags_absent = ["--hf-overrides"]\n')
+    )
+    events = await _run(certs, tmp_path, str(scenario))
+    sources = {e.log_chunk.source for e in events if e.HasField("log_chunk")}
+    assert {"ladder/prefix_caching/proxy", "ladder/prefix_caching"} <= sources
+    abandoned = next(e.artifact.content for e in events if e.artifact.name == "proxy_abandoned")
+    assert abandoned.startswith("the proxy launch did not fail where the real one failed in request")
+    report = run_report("r", events)
+    assert report["launches"] == 7 and report["checklist"]["failure_repeated"]  # one proxy more than without
+
+
+async def test_a_weight_load_failure_is_never_repeated_on_a_proxy(certs: DevCerts, tmp_path: Path) -> None:
+    scenario = tmp_path / "host.toml"
+    scenario.write_text(
+        scenario_path("demo")
+        .read_text()
+        .replace(
+            'phase = "gpu_detect"\nerror = "nccl_dmabuf_unsupported"',
+            'phase = "weight_load"\nerror = "safetensors._safetensors_rust.SafetensorError: Error while '
+            'deserializing header: incomplete metadata, file not fully covered"',
+        )
+        .replace("--load-format fastsafetensors ", "")
+    )
+    events = await _run(certs, tmp_path, str(scenario))
+    error = next(e.first_error for e in events if e.HasField("first_error"))
+    assert to_id(pb.Phase, error.phase) == "weight_load"
+    assert not any(e.artifact.name == "proxy_launch" for e in events)
+    sources = {e.log_chunk.source for e in events if e.HasField("log_chunk")}
+    assert "minimal_launch/attempt-2" in sources

@@ -24,6 +24,8 @@ class Attempt:
     signature: str
     secondary_oom: bool = False
     foreign: bool = False  # the launch started while other processes held GPU memory: not evidence
+    during: str = ""  # the log stretch it happened in (the analyzer's context, e.g. cudagraph_capture)
+    proxy: tuple[str, ...] = ()  # the proxies (runner/data/proxies.toml) of the launch that showed it
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,8 @@ class RunContext:
     holder_notes: dict[int, str] = field(default_factory=dict)  # pid -> "pid 4242 (python3) 40960 MiB on 8 GPUs"
     drivers: list[str] = field(default_factory=list)  # the NVIDIA driver NVML reported at freeze and before each launch
     images: list[str] = field(default_factory=list)  # the image id the frozen tag resolved to, then each launch ran
+    proxy_for: Attempt | None = None  # set: launches now are proxies for repeating this failure (stages/proxies.py)
+    running_proxies: tuple[str, ...] = ()  # the proxies the live (or last) engine was launched with
     decision: pb.Decision = pb.DECISION_UNSPECIFIED  # set by verdict
     reasons: list[str] = field(default_factory=list)
 

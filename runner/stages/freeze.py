@@ -60,7 +60,8 @@ async def run(ctx: RunContext) -> StageResult:
     return StageResult(
         pb.STAGE_STATUS_OK,
         f"{host['hostname']} · {host['os']} · kernel {host['kernel']} · {driver} · {_loads(runtime)} · "
-        f"image {ctx.request.image} · sha256 {scene['sha256'][:12]}{deployment}",
+        f"{f'image {ctx.request.image}' if ctx.request.image else 'no image (bare metal)'} · "
+        f"sha256 {scene['sha256'][:12]}{deployment}",
     )
 
 

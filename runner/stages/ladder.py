@@ -21,7 +21,7 @@ from protos import runner_pb2 as pb
 from protos.vocab import LADDER_STEPS, from_id
 from runner.analyzer import default_rules
 from runner.analyzer.signature import signature
-from runner.stages import requests
+from runner.stages import proxies, requests
 from runner.stages.context import Attempt, RunContext, StageResult, StepOutcome
 from runner.stages.launcher import attempt_of, foreign_now, launch
 from runner.stages.prometheus import counter_total
@@ -309,9 +309,13 @@ async def _repeat(ctx: RunContext, spec: LadderSpec, trigger: StepOutcome) -> No
     step = next(s for s in spec.steps if s.id == trigger.step)
     base = ctx.stable
     for _ in range(ctx.config.engine.failure_attempts - 1):
-        ctx.stable = _before(ctx, trigger)
-        again = await _step(ctx, spec, step)
-        ctx.attempts.append(again.failure or Attempt("", "", ""))
+
+        async def again() -> Attempt:
+            ctx.stable = _before(ctx, trigger)
+            outcome = await _step(ctx, spec, step)
+            return outcome.failure or Attempt("", "", "")
+
+        ctx.attempts.append(await proxies.repeat(ctx, trigger.failure, again))
     ctx.stable = base
 
 

@@ -14,6 +14,7 @@ from runner.ports import free_port
 from runner.redact import redactor
 from runner.stages.context import Attempt, RunContext
 from runner.stages.log_follower import LogFollower
+from runner.stages.proxies import Proxy, cheaper
 from runner.vllm_cli import ServeCommand
 
 POLL_S = 0.25
@@ -35,7 +36,15 @@ class Launch:
 
 
 def attempt_of(ctx: RunContext, error: ErrorFinding) -> Attempt:
-    return Attempt(error.phase, error.category, error.signature, error.secondary_oom, foreign=foreign_now(ctx))
+    return Attempt(
+        error.phase,
+        error.category,
+        error.signature,
+        error.secondary_oom,
+        foreign=foreign_now(ctx),
+        during=error.during,
+        proxy=ctx.running_proxies,
+    )
 
 
 def foreign_now(ctx: RunContext) -> bool:
@@ -54,11 +63,18 @@ async def launch(ctx: RunContext, command: ServeCommand, source: str) -> Launch:
     """
     await release(ctx)
     await _guard_gpu_memory(ctx)
+    used: tuple[Proxy, ...] = ()
+    if ctx.proxy_for is not None:
+        command, used = cheaper(command, ctx.proxy_for)
+        source = f"{source}/proxy" if used else source
     host = ctx.config.engine.launch_host
     port = free_port(host)
     launched = command.with_flag("--host", host).with_flag("--port", str(port))
     line = shell_line(launched)
+    if used:
+        await ctx.artifact("proxy_launch", proxy_note(source, used, line))
     ctx.launches += 1
+    ctx.running_proxies = tuple(p.id for p in used)
     starting = asyncio.ensure_future(ctx.backend.launch(launched.argv(), run_id=ctx.run_id, image=ctx.request.image))
     try:
         ctx.engine = await asyncio.shield(starting)
@@ -77,8 +93,13 @@ async def launch(ctx: RunContext, command: ServeCommand, source: str) -> Launch:
     if error is not None:
         failure = attempt_of(ctx, error)
     elif failure is not None:
-        failure = replace(failure, foreign=foreign_now(ctx))
+        failure = replace(failure, foreign=foreign_now(ctx), proxy=ctx.running_proxies)
     return Launch(command, line, ready, summary, failure, error)
+
+
+def proxy_note(source: str, used: tuple[Proxy, ...], line: str) -> str:
+    """How the thread, the report and the bundle label a proxy launch (one line)."""
+    return f"{source}: {' + '.join(p.id for p in used)} (no {'; no '.join(p.removes for p in used)}) — {line}"
 
 
 async def _guard_gpu_memory(ctx: RunContext) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from protos import runner_pb2 as pb
 from runner.analyzer import ErrorFinding
+from runner.stages import proxies
 from runner.stages.context import Attempt, RunContext, StageResult
 from runner.stages.launcher import launch, release, shell_line
 
@@ -27,11 +28,16 @@ async def run(ctx: RunContext) -> StageResult:
     if first.ready:
         return StageResult(pb.STAGE_STATUS_OK, first.summary)
     diagnosis = await _without_cuda_graphs(ctx, first.error) if first.error else ""
-    ctx.attempts.append(first.failure or Attempt("", "other", first.summary))
+    target = first.failure or Attempt("", "other", first.summary)
+    ctx.attempts.append(target)
     for number in range(2, ctx.config.engine.failure_attempts + 1):
-        again = await launch(ctx, minimal, f"minimal_launch/attempt-{number}")
-        ctx.attempts.append(again.failure or Attempt("", "", ""))
-        if again.ready:
+
+        async def again(source: str = f"minimal_launch/attempt-{number}") -> Attempt:
+            launched = await launch(ctx, minimal, source)
+            return launched.failure or Attempt("", "", "")
+
+        ctx.attempts.append(await proxies.repeat(ctx, target, again))
+        if not ctx.attempts[-1].phase:  # it answered: the failure did not repeat
             break
     same = sum(1 for a in ctx.attempts if (a.phase, a.signature) == (ctx.attempts[0].phase, ctx.attempts[0].signature))
     summary = f"{first.summary} ({same} of {len(ctx.attempts)} attempts failed the same way)"

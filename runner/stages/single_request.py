@@ -15,6 +15,7 @@ import aiohttp
 from protos import runner_pb2 as pb
 from runner.analyzer import ErrorFinding, default_rules
 from runner.analyzer.signature import signature
+from runner.stages import proxies
 from runner.stages.context import Attempt, RunContext, StageResult
 from runner.stages.launcher import attempt_of, foreign_now, launch
 from runner.stages.requests import fixed_body, hang_of, refused_as_invalid, send
@@ -61,20 +62,25 @@ async def _reproduce(
 ) -> StageResult:
     evidence = f"{crash.phase} · {crash.category} · {crash.line}"
     await ctx.check(pb.CHECKLIST_ID_FIRST_ERROR_SAVED, pb.CHECKLIST_STATE_HOLDS, evidence)
-    ctx.attempts.append(attempt_of(ctx, crash))
+    target = attempt_of(ctx, crash)
+    ctx.attempts.append(target)
     ctx.running = None  # an engine that logged a fatal error is not a server to reuse
-    number = len(results)
-    for attempt in range(2, ctx.config.engine.failure_attempts + 1):
-        again = await launch(ctx, ctx.command.minimal(), f"single_request/attempt-{attempt}")
-        if not again.ready:
-            ctx.attempts.append(again.failure or Attempt("", "other", again.summary))
-            continue
-        answers = await _ask(ctx, body, 1, first=number + 1)
-        number += len(answers)
-        error = await _engine_error(ctx, answers)
-        ctx.attempts.append(attempt_of(ctx, error) if error is not None else Attempt("", "", ""))
-        if error is not None:
+    asked = [len(results)]
+    for number in range(2, ctx.config.engine.failure_attempts + 1):
+
+        async def again(source: str = f"single_request/attempt-{number}") -> Attempt:
+            launched = await launch(ctx, ctx.command.minimal(), source)
+            if not launched.ready:
+                return launched.failure or Attempt("", "other", launched.summary)
+            answers = await _ask(ctx, body, 1, first=asked[0] + 1)
+            asked[0] += len(answers)
+            error = await _engine_error(ctx, answers)
+            if error is None:
+                return Attempt("", "", "")
             ctx.running = None
+            return attempt_of(ctx, error)
+
+        ctx.attempts.append(await proxies.repeat(ctx, target, again))
     same = sum(1 for a in ctx.attempts if (a.phase, a.signature) == (ctx.attempts[0].phase, ctx.attempts[0].signature))
     return StageResult(
         pb.STAGE_STATUS_FAILED,

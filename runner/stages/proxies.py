@@ -1,0 +1,99 @@
+"""Proxy launches: a failure's repeats on the cheapest configuration that still exercises what it depends on.
+
+GPU time is what an incident spends. Once a failure was met on the real configuration, the launches that only
+show whether it repeats run with vLLM's own cost-cutting switches (runner/data/proxies.toml) where they cannot
+change that failure. A proxy launch is evidence only when it fails in the same phase with the same signature;
+otherwise it is reported, abandoned and the real launch made: a proxy is never trusted on its word.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from functools import cache
+from importlib import resources
+
+from protos.vocab import PHASES
+from runner.stages.context import Attempt, RunContext
+from runner.vllm_cli import ServeCommand, flag_table
+
+
+@dataclass(frozen=True)
+class Proxy:
+    id: str
+    flag: str
+    value: str | bool
+    removes: str
+    never_phases: frozenset[str]
+    never_categories: frozenset[str]
+    never_during: frozenset[str]
+    useful_from: str
+
+    def preserves(self, failure: Attempt) -> bool:
+        """Whether this proxy can show `failure` again, and more cheaply."""
+        return (
+            failure.phase in PHASES
+            and PHASES.index(failure.phase) >= PHASES.index(self.useful_from)
+            and failure.phase not in self.never_phases
+            and failure.category not in self.never_categories
+            and failure.during not in self.never_during
+        )
+
+
+@cache
+def proxies() -> tuple[Proxy, ...]:
+    data = tomllib.loads(resources.files("runner.data").joinpath("proxies.toml").read_text(encoding="utf-8"))
+    table = flag_table().flags
+    found = []
+    for row in data["proxy"]:
+        if row["flag"] not in table:
+            raise ValueError(f"proxies.toml: {row['id']} uses {row['flag']}, which is not in vllm_flags.toml")
+        if row["useful_from"] not in PHASES:
+            raise ValueError(f"proxies.toml: {row['id']} has unknown useful_from {row['useful_from']!r}")
+        found.append(
+            Proxy(
+                id=row["id"],
+                flag=row["flag"],
+                value=row.get("value", True),
+                removes=row["removes"],
+                never_phases=frozenset(row.get("never_phases", ())),
+                never_categories=frozenset(row.get("never_categories", ())),
+                never_during=frozenset(row.get("never_during", ())),
+                useful_from=row["useful_from"],
+            )
+        )
+    return tuple(found)
+
+
+def cheaper(command: ServeCommand, failure: Attempt) -> tuple[ServeCommand, tuple[Proxy, ...]]:
+    """`command` with every proxy that preserves `failure` and that the command does not set itself."""
+    chosen = tuple(p for p in proxies() if p.preserves(failure) and not command.has(p.flag))
+    for proxy in chosen:
+        command = command.with_flag(proxy.flag, proxy.value)
+    return command, chosen
+
+
+async def repeat(ctx: RunContext, target: Attempt, attempt: Callable[[], Awaitable[Attempt]]) -> Attempt:
+    """One repeat of `target` (`attempt` launches and probes, and says how it failed, if it did): on a proxy
+    where one applies, confirmed by its phase and signature; else, or when the proxy does not reproduce it,
+    on the real configuration."""
+    if target.phase and not target.foreign and any(p.preserves(target) for p in proxies()):
+        ctx.proxy_for = target
+        try:
+            got = await attempt()
+        finally:
+            ctx.proxy_for = None
+        if (got.phase, got.signature) == (target.phase, target.signature):
+            return got
+        seen = f"failed in {got.phase} ({got.category})" if got.phase else "did not fail"
+        await ctx.artifact(
+            "proxy_abandoned",
+            f"the proxy launch {seen} where the real one failed in {target.phase} ({target.category}): "
+            "not the same failure, so it is not evidence; launching the real configuration",
+        )
+    return await attempt()
+
+
+def labelled(attempt: Attempt, used: tuple[Proxy, ...]) -> Attempt:
+    return replace(attempt, proxy=tuple(p.id for p in used)) if used else attempt
