@@ -31,7 +31,12 @@ class RunnerMetrics:
             ["status", "decision"],
             registry=registry,
         )
-        self.launches = Counter("k3repro_runner_launches_total", "engine launches of finished runs", registry=registry)
+        self.launches = Counter(
+            "k3repro_runner_launches_total",
+            "engine launches of finished runs: full, or a cheaper proxy (runner/data/proxies.toml)",
+            ["kind"],
+            registry=registry,
+        )
         self.first_errors = Counter(
             "k3repro_runner_first_errors_total",
             "first errors found in engine logs, by phase and category",
@@ -57,6 +62,7 @@ class RunnerMetrics:
         active_runs.set_function(lambda: float(active()))
         self._stage_started: dict[tuple[str, int], float] = {}
         self._last_error: dict[str, tuple[int, str]] = {}
+        self._proxies: dict[str, int] = {}  # run id -> its proxy launches so far (each announced by an artifact)
 
     def observe(self, event: pb.RunEvent) -> None:
         kind = event.WhichOneof("payload")
@@ -75,6 +81,8 @@ class RunnerMetrics:
             if not (error.secondary_oom and self._last_error.get(event.run_id) == (error.phase, error.signature)):
                 self.first_errors.labels(to_id(pb.Phase, error.phase), to_id(pb.ErrorCategory, error.category)).inc()
             self._last_error[event.run_id] = (error.phase, error.signature)
+        elif kind == "artifact" and event.artifact.name == "proxy_launch":
+            self._proxies[event.run_id] = self._proxies.get(event.run_id, 0) + 1
         elif kind == "ladder_step":
             step = event.ladder_step
             self.ladder_steps.labels(to_id(pb.LadderStepId, step.step), to_id(pb.LadderOutcome, step.outcome)).inc()
@@ -82,7 +90,9 @@ class RunnerMetrics:
             finished = event.run_finished
             status, decision = to_id(pb.RunStatus, finished.status), to_id(pb.Decision, finished.decision)
             self.runs.labels(status, decision or "none").inc()
-            self.launches.inc(finished.launches)
+            proxies = min(self._proxies.pop(event.run_id, 0), finished.launches)
+            self.launches.labels("full").inc(finished.launches - proxies)
+            self.launches.labels("proxy").inc(proxies)
             self._last_error.pop(event.run_id, None)
             for key in [key for key in self._stage_started if key[0] == event.run_id]:
                 del self._stage_started[key]

@@ -118,11 +118,13 @@ async def test_the_runner_endpoint_counts_a_run_from_its_events(certs: DevCerts,
         store.close()
         samples = _samples(await _scrape(url))
     assert _value(idle, "k3repro_runner_info", name="gpu-test", cluster="cluster-a", backend="sim") == 1.0
-    assert _value(idle, "k3repro_runner_launches_total") == 0.0
+    assert not any(name == "k3repro_runner_launches_total" for name, _ in idle)
     finished = events[-1].run_finished
     assert (finished.decision, finished.launches) == (pb.DECISION_CONTINUE, 2)
     assert _value(samples, "k3repro_runner_runs_total", status="completed", decision="continue") == 1.0
-    assert _value(samples, "k3repro_runner_launches_total") == 2.0
+    proxies = sum(e.artifact.name == "proxy_launch" for e in events if e.WhichOneof("payload") == "artifact")
+    assert _value(samples, "k3repro_runner_launches_total", kind="proxy") == proxies
+    assert _value(samples, "k3repro_runner_launches_total", kind="full") == 2.0 - proxies
     # the demo's minimal launch fails in NCCL set-up, twice (failure_attempts = 2)
     assert _value(samples, "k3repro_runner_first_errors_total", phase="gpu_detect", category="nccl_comm") == 2.0
     started = {e.stage_started.stage for e in events if e.WhichOneof("payload") == "stage_started"}
