@@ -95,6 +95,21 @@ async def follow_run(
         attempt += 1
 
 
+async def accept(config: BotConfig, address: str, request: pb.StartRunRequest) -> pb.RunEvent:
+    """Sends StartRun and waits for the run's first event: the runner has accepted the run. RunRefused: it did
+    not, or it could not be asked (the runner checks the request before it journals anything, so nothing runs)."""
+    try:
+        async with open_channel(address, config.tls) as channel:
+            async for event in _until_idle(pb_grpc.RunnerStub(channel).StartRun(request)):
+                if event.WhichOneof("payload") != "heartbeat":
+                    return event
+    except grpc.aio.AioRpcError as exc:
+        raise RunRefused(f"runner {address} refused the run: {rpc_error_text(exc)}") from None
+    except TimeoutError:
+        raise RunRefused(f"runner {address} sent no event for {STREAM_IDLE_S:.0f} s after StartRun") from None
+    raise RunRefused(f"runner {address} closed the stream before the run's first event")
+
+
 async def _until_idle(call: AsyncIterable[pb.RunEvent]) -> AsyncIterator[pb.RunEvent]:
     iterator = aiter(call)
     while True:

@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 
 from bot.config import BotConfig
-from bot.consumer import EventCallback, ReconnectCallback, follow_run
+from bot.consumer import EventCallback, ReconnectCallback, RunRefused, accept, follow_run
 from bot.dispatcher import DispatchError, RunnerState, pick_runner, survey
 from bot.ids import new_run_id
 from bot.runner_client import open_channel, rpc_error_text
@@ -28,9 +28,12 @@ class StartRefused(Exception):
 
 @dataclass(frozen=True)
 class StartedRun:
+    """A run its runner accepted: `first` is its first event, stored already."""
+
     run_id: str
     runner: str
     request: pb.StartRunRequest
+    first: pb.RunEvent
 
 
 class Coordinator:
@@ -49,9 +52,10 @@ class Coordinator:
         image: str = "",
         deployment_error: pb.FirstError | None = None,
     ) -> StartedRun:
-        """Validates, dispatches and records a run; `follow` then streams it. `profile`/`image` override the
-        cluster's for this run (the runner still checks the image against its allowlist); `deployment_error`
-        is the first error of the failing deployment's own log, which freeze records."""
+        """Validates, dispatches and records a run, and returns once its runner has accepted it (its first event);
+        `follow` then streams it. A refusal, the runner's included, leaves only its audit line. `profile`/`image`
+        override the cluster's for this run (the runner still checks the image against its allowlist);
+        `deployment_error` is the first error of the failing deployment's own log, which freeze records."""
         try:
             cluster = self.config.cluster(cluster_name)
             parse_launch_command(list(cluster.launch_argv))
@@ -99,21 +103,30 @@ class Coordinator:
                 }
             ),
         }
-        try:
+        try:  # the row reserves the cluster (one active run each) while the runner is asked
             await self.store.call(Store.create_run, row)
         except ActiveRunExists as exc:
             raise StartRefused(f"cluster {cluster.name} already has an active run: {exc.run_id}") from None
+        try:
+            first = await accept(self.config, runner.address, request)
+        except BaseException as exc:
+            await self.store.call(Store.discard_run, run_id)
+            if isinstance(exc, RunRefused):
+                await self.store.call(Store.audit, requested_by, "start refused", cluster.name, str(exc), via, place)
+                raise StartRefused(str(exc)) from None
+            raise
+        await self.store.call(Store.add_event, first)
         await self.store.call(
             Store.audit, requested_by, "start", cluster.name, f"run {run_id} on {runner.address}", via, place
         )
-        return StartedRun(run_id, runner.address, request)
+        return StartedRun(run_id, runner.address, request, first)
 
     async def follow(
         self, started: StartedRun, on_event: EventCallback, on_reconnect: ReconnectCallback | None = None
     ) -> pb.RunFinished:
-        return await follow_run(
-            self.config, self.store, started.run_id, started.runner, on_event, started.request, on_reconnect
-        )
+        """Streams a run `start` returned to its end, from its first event."""
+        await on_event(started.first)
+        return await follow_run(self.config, self.store, started.run_id, started.runner, on_event, None, on_reconnect)
 
     async def resume(
         self, run_id: str, on_event: EventCallback, on_reconnect: ReconnectCallback | None = None

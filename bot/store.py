@@ -211,6 +211,11 @@ class Store:
                 raise
             raise ActiveRunExists(active["id"]) from None
 
+    def discard_run(self, run_id: str) -> None:
+        """A start the runner refused: the run's reservation of its cluster goes, and nothing else was stored."""
+        with self.db.conn:
+            self.db.execute("DELETE FROM runs WHERE id = ?", [run_id])
+
     def update_run(self, run_id: str, **fields: Any) -> None:
         with self.db.conn:
             self.db.table("runs").update(run_id, {**redacted(fields), "updated_at": now()})

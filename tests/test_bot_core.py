@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from bot.consumer import RunRefused
 from bot.coordinator import Coordinator, StartRefused
 from bot.store import AsyncStore, Store
 from protos import runner_pb2 as pb
@@ -156,19 +155,17 @@ async def test_runner_down_is_a_clear_refusal(certs: DevCerts, tmp_path: Path) -
     assert _dump(config.store) == ([], [])
 
 
-async def test_run_refused_by_the_runner_is_recorded_as_an_error(certs: DevCerts, tmp_path: Path) -> None:
+async def test_a_start_the_runner_refuses_stores_only_its_audit_line(certs: DevCerts, tmp_path: Path) -> None:
     data = runner_data(certs, tmp_path / "runner", allowed_images=["registry.local/vllm:*"])
     async with running_runner(data) as daemon:
         config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"])
         store = AsyncStore(config.store)
-        core = Coordinator(config, store)
-        started = await core.start("cluster-a", "U1")
-        with pytest.raises(RunRefused, match="not allowlisted"):
-            await core.follow(started, Recorder())
-        run = await store.call(Store.get_run, started.run_id)
+        with pytest.raises(StartRefused, match=r"refused the run: .*not allowlisted"):
+            await Coordinator(config, store).start("cluster-a", "U1")
         store.close()
-    assert run["status"] == "error" and "not allowlisted" in run["summary"]
-    assert Store(config.store).active_run("cluster-a") is None
+    rows, events = _dump(config.store)
+    assert events == [] and [(row["action"], row["target"]) for row in rows] == [("start refused", "cluster-a")]
+    assert "not allowlisted" in str(rows[0]["detail"])
 
 
 async def test_second_start_points_to_the_active_run(certs: DevCerts, tmp_path: Path) -> None:

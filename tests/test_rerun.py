@@ -15,7 +15,6 @@ import pytest
 
 from bot import rerun as rerun_module
 from bot.bundle import Bundle
-from bot.consumer import RunRefused
 from bot.coordinator import Coordinator, StartRefused
 from bot.record import image_digest
 from bot.rerun import rerun_isolated, rerun_request, verdict_lines
@@ -213,9 +212,8 @@ async def test_a_once_runner_serves_one_run_then_refuses_more(certs: DevCerts, t
         first = await _original(Site(core, store, ""))
         assert daemon.hub.served.is_set()
         assert (await store.call(Store.get_run, first))["status"] == "completed"
-        second = await core.start("cluster-a", "U1")
-        with pytest.raises(RunRefused, match=r"resource_exhausted: runner gpu-test serves one run only \(--once\)"):
-            await core.follow(second, _ignore)
+        with pytest.raises(StartRefused, match=r"resource_exhausted: runner gpu-test serves one run only \(--once\)"):
+            await core.start("cluster-a", "U1")
         store.close()
 
 

@@ -279,20 +279,18 @@ async def test_read_only_commands_answer_ephemerally(certs: DevCerts, tmp_path: 
     assert "k3repro_slack_outbox_pending 0" in metrics
 
 
-async def test_a_run_the_runner_refuses_ends_its_thread_with_the_reason(
+async def test_a_start_the_runner_refuses_posts_only_the_refusal(
     certs: DevCerts, tmp_path: Path, api: SlackApi
 ) -> None:
     async with slack_bot(certs, tmp_path, api) as served:
         body = command_body("start cluster-a --image registry.example/unknown:latest")
         await post(served, body, signed(body))
         await settle(served)
-    run = Store(tmp_path / "k3.db").runs()[0]
-    assert (run["status"], run["image"]) == ("error", "registry.example/unknown:latest")
-    parent = parent_of(api)
-    assert parent is not None and "error" in parent["text"] and ACTION_CANCEL not in block_text(parent)
-    checklist, problem = api.thread(parent["ts"])
-    assert "refused the run" in block_text(problem) and "registry.example/unknown:latest" in block_text(problem)
-    assert "run error" in checklist["text"]
+    store = Store(tmp_path / "k3.db")
+    assert not store.runs() and [a["action"] for a in store.audit_entries()] == ["start refused"]
+    assert parent_of(api) is None and api.called("chat.postMessage") == []
+    (refusal,) = [c.body["text"] for c in api.called("chat.postEphemeral")]
+    assert "refused the run" in refusal and "registry.example/unknown:latest" in refusal
 
 
 async def test_k3repro_bot_serve_reads_its_config_serves_health_and_stops_on_sigterm(
