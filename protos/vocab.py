@@ -5,6 +5,7 @@ Enums are the wire form; ids are what people, JSON and data files use.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from protos import runner_pb2 as pb
@@ -57,5 +58,33 @@ def ids(enum: type[E]) -> list[str]:
 PHASES = ids(pb.Phase)
 STAGES = ids(pb.Stage)
 CATEGORIES = ids(pb.ErrorCategory)
-CHECKLIST_IDS = ids(pb.ChecklistId)
+
+
+@dataclass(frozen=True)
+class ChecklistItem:
+    """One item of the method's checklist: the stages that may settle it (the first owns it) and its evidence."""
+
+    id: str
+    stages: tuple[str, ...]
+    evidence: str
+
+
+# The checklist, in the proto's order (ChecklistId holds the wire numbers; a test keeps the two equal).
+CHECKLIST = (
+    ChecklistItem("host_driver_recorded", ("freeze",), "host driver and CUDA driver versions, as NVML reports them"),
+    ChecklistItem("container_gpu_view_recorded", ("freeze",), "the GPUs and libraries the container sees"),
+    ChecklistItem("image_and_versions_pinned", ("freeze",), "image digest; vLLM, PyTorch, CUDA, NCCL as loaded in it"),
+    ChecklistItem("minimal_command_one_line", ("minimal_launch",), "the minimal launch command, one line"),
+    ChecklistItem(
+        "first_error_saved",
+        ("minimal_launch", "single_request", "verdict"),
+        "the first error's phase, category and line (or why there is none)",
+    ),
+    ChecklistItem("single_request_fixed", ("single_request",), "the same fixed request, answered alike each time"),
+    ChecklistItem("prefix_caching_isolated", ("verdict",), "the prefix-caching step's outcome on its own"),
+    ChecklistItem("oom_not_secondary", ("verdict",), "an OOM is the cause, not a later symptom or leftover memory"),
+    ChecklistItem("revertible_baseline", ("verdict",), "the last stable launch command, to go back to"),
+    ChecklistItem("failure_repeated", ("verdict",), "the same failure at the same phase on each attempt"),
+)
+CHECKLIST_IDS = [item.id for item in CHECKLIST]
 LADDER_STEPS = ids(pb.LadderStepId)

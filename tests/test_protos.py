@@ -32,6 +32,8 @@ def test_vocabulary_is_the_designs() -> None:
         "minimal_command_one_line", "first_error_saved", "single_request_fixed", "prefix_caching_isolated",
         "oom_not_secondary", "revertible_baseline", "failure_repeated",
     ]  # fmt: skip
+    assert vocab.ids(pb.ChecklistId) == vocab.CHECKLIST_IDS  # the table and the wire enum agree
+    assert all(item.stages and set(item.stages) <= set(vocab.STAGES) and item.evidence for item in vocab.CHECKLIST)
     assert vocab.ids(pb.Decision) == ["fix", "isolate", "continue"]
     assert vocab.ids(pb.RerunVerdict) == ["reproduced", "not_reproduced", "different_failure"]
 
