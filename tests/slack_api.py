@@ -1,7 +1,10 @@
 """A local Slack for tests: the Web API methods the bot uses, file uploads, and a Socket Mode WebSocket.
 
 It binds port 0, records every call with its body, keeps the messages as Slack would show them (after
-every update), and answers with faults on request: 429 with Retry-After, 5xx, or a hang (a time-out).
+every update, with their metadata, found again by conversations.history/replies; files with their shares, by
+files.info), and answers with faults on request, for one method or all: 429 with Retry-After, 5xx, a hang (a
+time-out), a slow answer, or a death mid-call (the call takes effect, the connection drops before the answer),
+each for a number of calls, a while, or every Nth call.
 Plus helpers that sign requests the way Slack does and build a bot config that points at it.
 """
 
@@ -42,21 +45,32 @@ class Call:
     at: float = field(default_factory=time.monotonic)
 
 
+HANG, SLOW, DIE = 0, 1, 2  # fault "statuses" that are not HTTP answers
+
+
 @dataclass
 class Fault:
-    """Answer calls of `method` ("*": any) with `status` `times` times, or until a deadline.
+    """Answer calls of `method` ("*": any) with `status` `times` times, or until a deadline, on every
+    `every`th matching call.
 
-    Status 0 hangs for `retry_after` seconds: longer than the client's time-out."""
+    HANG waits `retry_after` seconds (longer than the client's time-out) and answers 504; SLOW does the call
+    and answers `retry_after` seconds later (the window a crash makes a post land unrecorded); DIE does the call
+    and drops the connection without answering."""
 
     method: str
     status: int
     retry_after: float = 1.0
     times: int | None = 1
     until: float | None = None
+    every: int = 1
+    seen: int = 0
 
     def matches(self, method: str) -> bool:
         active = (self.times is None or self.times > 0) and (self.until is None or time.monotonic() < self.until)
-        return active and self.method in (method, "*")
+        if not (active and self.method in (method, "*")):
+            return False
+        self.seen += 1
+        return self.seen % self.every == 0
 
 
 class SlackApi:
@@ -67,6 +81,7 @@ class SlackApi:
         self.groups: dict[str, list[str]] = {}
         self.faults: list[Fault] = []
         self.envelopes_acked: dict[str, dict[str, Any]] = {}
+        self.answering = 0  # SLOW calls that took effect and are not answered yet
         self._ts = itertools.count(1)
         self._uploads: dict[str, bytes] = {}
         self._sockets: list[web.WebSocketResponse] = []
@@ -98,10 +113,23 @@ class SlackApi:
     # --- faults and queries ---
 
     def fail(
-        self, method: str, status: int, *, times: int | None = 1, for_s: float | None = None, retry_after: float = 1.0
-    ) -> None:
+        self,
+        method: str,
+        status: int,
+        *,
+        times: int | None = 1,
+        for_s: float | None = None,
+        retry_after: float = 1.0,
+        every: int = 1,
+    ) -> Fault:
         until = time.monotonic() + for_s if for_s is not None else None
-        self.faults.append(Fault(method, status, retry_after, None if for_s is not None else times, until))
+        fault = Fault(method, status, retry_after, None if for_s is not None else times, until, every)
+        self.faults.append(fault)
+        return fault
+
+    def posted(self) -> list[dict[str, Any]]:
+        """Every message as it stands, oldest first."""
+        return list(self.messages.values())
 
     def called(self, method: str, status: int | None = 200) -> list[Call]:
         return [c for c in self.calls if c.method == method and (status is None or c.status == status)]
@@ -144,11 +172,26 @@ class SlackApi:
         fault = next((f for f in self.faults if f.matches(method)), None)
         if fault is not None and fault.times is not None:
             fault.times -= 1
-        if fault is not None and fault.status == 0:  # hang past the client's time-out, then give up
+        if fault is not None and fault.status == HANG:  # hang past the client's time-out, then give up
             self.calls.append(Call(method, body, 0))
             await asyncio.sleep(fault.retry_after)
             return web.json_response({"ok": False, "error": "request_timeout"}, status=504)
-        if fault is not None:
+        if fault is not None and fault.status == SLOW:
+            self.calls.append(Call(method, body, SLOW))
+            answer = self._answer(method, body)
+            self.answering += 1
+            try:
+                await asyncio.sleep(fault.retry_after)
+            finally:
+                self.answering -= 1
+            return web.json_response({"ok": True, **answer})
+        if fault is not None and fault.status == DIE:  # it happens in Slack; the bot never hears so
+            self.calls.append(Call(method, body, DIE))
+            self._answer(method, body)
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response(status=500)
+        elif fault is not None:
             self.calls.append(Call(method, body, fault.status))
             headers = {"Retry-After": f"{fault.retry_after:g}"} if fault.status == 429 else {}
             error = "ratelimited" if fault.status == 429 else "fatal_error"
@@ -176,6 +219,19 @@ class SlackApi:
             message = self.messages[body["ts"]]
             message.update({k: v for k, v in body.items() if k != "ts"}, updates=message["updates"] + 1)
             return {"channel": body["channel"], "ts": body["ts"]}
+        if method in ("conversations.history", "conversations.replies"):
+            found = [m for m in self.messages.values() if m["channel"] == body["channel"]]
+            if method == "conversations.replies":
+                found = [m for m in found if body["ts"] in (m["ts"], m.get("thread_ts"))]
+            else:
+                found = [m for m in found if "thread_ts" not in m or m.get("reply_broadcast")][::-1]
+            return {
+                "messages": [{"ts": m["ts"], "text": m.get("text", ""), "metadata": m.get("metadata")} for m in found]
+            }
+        if method == "files.info":
+            shared = [f for f in self.files if f["id"] == body["file"]]
+            shares = {f["channel"]: [{"ts": f["ts"], "thread_ts": f["thread_ts"]}] for f in shared}
+            return {"file": {"id": body["file"], "shares": {"public": shares} if shares else {}}}
         if method == "chat.postEphemeral":
             return {"message_ts": f"1700000001.{next(self._ts):06d}"}
         if method == "usergroups.users.list":
@@ -188,7 +244,13 @@ class SlackApi:
             for f in files:
                 content = self._uploads[f["id"]].decode()
                 self.files.append(
-                    {**f, "channel": body.get("channel_id"), "thread_ts": body.get("thread_ts"), "content": content}
+                    {
+                        **f,
+                        "channel": body.get("channel_id"),
+                        "thread_ts": body.get("thread_ts"),
+                        "ts": f"1700000000.{next(self._ts):06d}",
+                        "content": content,
+                    }
                 )
             return {"files": [{"id": f["id"], "title": f.get("title", "")} for f in files]}
         if method == "apps.connections.open":
@@ -315,5 +377,5 @@ def assert_thread_complete(api: SlackApi) -> None:
     titles = [f["title"] for f in api.files]
     assert "minimal_launch log" in titles and "fingerprint" in titles and len(titles) == len(set(titles))
     assert all(f["thread_ts"] == parent["ts"] for f in api.files)
-    posted = api.called("chat.postMessage")
-    assert len(posted) == len(api.messages)  # nothing posted twice
+    keys = [((m.get("metadata") or {}).get("event_payload") or {}).get("k3repro_key") for m in api.thread(parent["ts"])]
+    assert all(keys) and len(keys) == len(set(keys))  # nothing posted twice (a card's updates replace its metadata)

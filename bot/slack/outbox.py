@@ -1,10 +1,16 @@
-"""The one way the bot writes to Slack: persisted in SQLite, paced, coalesced, retried until it lands.
+"""The one way the bot writes to Slack: persisted in SQLite, paced, coalesced, retried with a cap, exactly once.
 
 Every write is a row with an idempotency key. Lanes set the order and the pace: `post:CHANNEL` (messages
-and files of one channel, in order, about one per second), `update` (chat.update, Tier 3, one row per
-message so the latest state wins), `ephemeral` (Tier 4). A 429 pauses its lane for Retry-After; a 5xx, a
-time-out or a lost connection is retried with backoff; other Slack errors are permanent and logged. A
-restarted bot picks the pending rows up where it stopped.
+and files of one channel, in order, about one per second), `update` (chat.update, Tier 3: one row per
+message holds its latest state, and the row sent longest ago goes next, so no message starves another),
+`ephemeral` (Tier 4). A 429 pauses its lane for Retry-After; a 5xx, a time-out or a lost connection is
+retried with backoff. A write that fails MAX_ATTEMPTS times, or that Slack refuses, is replaced in place by
+a short text (so the channel's order moves on), and that text is given up after as many attempts.
+
+Exactly once: the attempt is counted in the row before the call. A post whose row says a call may already
+have landed (a time-out, a lost connection, a bot killed mid-call) is first looked for in the channel or
+thread by the key it carries in its message metadata; an upload keeps its file id and looks the file's shares
+up with files.info before completing it again. A restarted bot picks the pending rows up where it stopped.
 """
 
 from __future__ import annotations
@@ -13,8 +19,10 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Awaitable
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
+from typing import Any, TypeVar
 
 import aiohttp
 from slack_sdk.errors import SlackApiError
@@ -26,10 +34,26 @@ from bot.slack.tasks import TaskSet
 from bot.store import AsyncStore, Store, now
 
 log = logging.getLogger("k3repro.slack.outbox")
+T = TypeVar("T")
 
 BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+MAX_ATTEMPTS = 8  # calls of one write before it is replaced by its text fallback (and that, before it is dropped)
 DEPENDENCY_POLL_S = 0.5
-UPLOAD = "files.upload"  # files_upload_v2: getUploadURLExternal, the upload, completeUploadExternal
+UPLOAD = "files.upload"  # getUploadURLExternal, the upload, completeUploadExternal: each step kept in the row
+KEY_FIELD = "k3repro_key"  # in a post's metadata event_payload: how a restarted bot finds what it posted
+WRITE_EVENT = "k3repro_write"
+IN_FLIGHT, RATELIMITED = "in flight", "ratelimited"  # a row's error while its call is out; after a 429
+FALLBACK_TEXT = 500
+NO_FALLBACK = {
+    "invalid_auth",
+    "not_authed",
+    "token_revoked",
+    "account_inactive",
+    "channel_not_found",
+    "not_in_channel",
+    "is_archived",
+    "missing_scope",
+}  # a text would be refused the same way
 SET_REF_SQL = {  # a run's messages that later writes refer to
     "parent_ts": "UPDATE slack_threads SET parent_ts = ? WHERE run_id = ?",
     "checklist_ts": "UPDATE slack_threads SET checklist_ts = ? WHERE run_id = ?",
@@ -39,7 +63,7 @@ SET_REF_SQL = {  # a run's messages that later writes refer to
 @dataclass(frozen=True)
 class Write:
     """One Slack write. `thread`: reply in the run's thread; `target`/`creates`: which run message it
-    updates or creates (a ref in slack_threads)."""
+    updates or creates (a ref in slack_threads); `after`: the key of a write that must be in Slack first."""
 
     key: str
     method: str
@@ -48,7 +72,8 @@ class Write:
     thread: bool = False
     target: str = ""
     creates: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)  # not sent: e.g. a file's content
+    after: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)  # not sent: a file's content, an upload's progress
 
     @property
     def lane(self) -> str:
@@ -67,11 +92,16 @@ class Permanent(Exception):
     """Slack refused the write for good (or a message it depends on could not be posted)."""
 
 
+class LookupFailed(Exception):
+    """Slack could not say whether an earlier call landed: the next attempt asks again before calling."""
+
+
 class Outbox:
     def __init__(self, store: AsyncStore, client: AsyncWebClient, config: SlackConfig, metrics: Metrics) -> None:
         self.store = store
         self.client = client
         self.metrics = metrics
+        self.timeout_s = config.timeout_s
         self.intervals = {"update": config.update_interval_s, "ephemeral": 0.0}
         self.post_interval_s = config.post_interval_s
         self._lanes: dict[str, asyncio.Event] = {}
@@ -161,39 +191,116 @@ class Outbox:
         return min(waits)
 
     async def _send(self, row: dict[str, Any], write: Write, refs: dict[str, Any]) -> None:
+        await self.store.call(_attempt, row)  # before the call: after a crash, the row says it may have landed
         outcome = "sent"
         try:
-            answer = await self._call(write, refs)
+            answer = await self._call(row, write, {**write.args, **refs})
+        except LookupFailed as exc:
+            delay = _retry_after(exc.__cause__) or _backoff(row)
+            outcome = await self._retry(row, write, delay, f"lookup failed: {exc}", "retried")
+            if isinstance(exc.__cause__, SlackApiError) and exc.__cause__.response.status_code == 429:
+                self._paused[write.lane] = time.monotonic() + delay
         except SlackApiError as exc:
             status, error = exc.response.status_code, slack_error(exc)
             if status == 429:
-                retry_after = float(exc.response.headers.get("Retry-After", exc.response.headers.get("retry-after", 1)))
-                await self.store.call(_retry, row, time.time() + retry_after, "ratelimited")
+                retry_after = _retry_after(exc) or 1.0
+                outcome = await self._retry(row, write, retry_after, RATELIMITED, "ratelimited")
                 self._paused[write.lane] = time.monotonic() + retry_after
-                outcome = "ratelimited"
             elif status >= 500:
-                await self.store.call(_retry, row, time.time() + _backoff(row), f"HTTP {status}")
-                outcome = "retried"
+                outcome = await self._retry(row, write, _backoff(row), f"HTTP {status}", "retried")
             else:
-                log.error("Slack refused %s (%s): %s", write.method, write.key, error)
-                await self.store.call(_finish, row, "failed", error)
-                outcome = "failed"
+                outcome = await self._give_up(row, write, error)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            await self.store.call(_retry, row, time.time() + _backoff(row), type(exc).__name__)
-            outcome = "retried"
+            outcome = await self._retry(row, write, _backoff(row), type(exc).__name__ or "error", "retried")
         else:
             await self.store.call(_finish, row, "sent", "", write, answer)
-            if write.creates:
-                self._wake_all()
+            self._wake_all()  # a write may wait for this one (a ref, `after`)
         self.metrics.inc("k3repro_slack_writes_total", method=write.method, outcome=outcome)
 
-    async def _call(self, write: Write, refs: dict[str, Any]) -> dict[str, Any]:
-        args = {**write.args, **refs}
+    async def _retry(self, row: dict[str, Any], write: Write, delay: float, error: str, outcome: str) -> str:
+        if row["attempts"] + 1 >= MAX_ATTEMPTS:
+            return await self._give_up(row, write, f"{error} after {MAX_ATTEMPTS} attempts")
+        await self.store.call(_retry, row, time.time() + delay, error)
+        return outcome
+
+    async def _give_up(self, row: dict[str, Any], write: Write, error: str) -> str:
+        """The write's short text fallback takes its place (its order in the lane kept); else it is dropped."""
+        fallback = _fallback(write, error)
+        if fallback is None:
+            log.error("Slack write %s (%s) given up: %s", write.method, write.key, error)
+            await self.store.call(_finish, row, "failed", error)
+            self._wake_all()
+            return "failed"
+        log.warning("Slack write %s (%s) replaced by a short text: %s", write.method, write.key, error)
+        await self.store.call(_replace, row, fallback, error)
+        return "fallback"
+
+    async def _call(self, row: dict[str, Any], write: Write, args: dict[str, Any]) -> dict[str, Any]:
         if write.method == UPLOAD:
-            answer = await self.client.files_upload_v2(**args, content=write.extra["content"])
-        else:
-            answer = await self.client.api_call(write.method, json=args)
+            return await self._upload(row, write, args)
+        if write.method == "chat.postMessage":
+            meta = args.get("metadata") or {"event_type": WRITE_EVENT, "event_payload": {}}
+            args["metadata"] = {**meta, "event_payload": {**meta["event_payload"], KEY_FIELD: write.key}}
+            if _may_have_landed(row) and (found := await _asking(self._find(row, write, args))):
+                log.info("Slack message %s was already posted (ts %s); not posted again", write.key, found["ts"])
+                return found
+        answer = await self.client.api_call(write.method, json=args)
         return dict(answer.data) if isinstance(answer.data, dict) else {}
+
+    async def _find(self, row: dict[str, Any], write: Write, args: dict[str, Any]) -> dict[str, Any] | None:
+        """The message an earlier attempt posted, by the key in its metadata; None when it is not in Slack."""
+        channel = args["channel"]
+        if args.get("thread_ts"):
+            answer = await self.client.conversations_replies(
+                channel=channel, ts=args["thread_ts"], include_all_metadata=True, limit=1000
+            )
+        else:
+            oldest = datetime.fromisoformat(row["created_at"]).timestamp() - 60 if row["created_at"] else None
+            answer = await self.client.conversations_history(
+                channel=channel, include_all_metadata=True, limit=200, oldest=f"{oldest:.6f}" if oldest else None
+            )
+        for message in answer.get("messages") or []:
+            payload = (message.get("metadata") or {}).get("event_payload") or {}
+            if payload.get(KEY_FIELD) == write.key:
+                return {"channel": channel, "ts": message["ts"]}
+        return None
+
+    async def _upload(self, row: dict[str, Any], write: Write, args: dict[str, Any]) -> dict[str, Any]:
+        """The three steps, each kept in the row once done, so a retry repeats only the step that failed."""
+        extra, content = dict(write.extra), str(write.extra["content"]).encode()
+        if not extra.get("file_id"):
+            got = await self.client.files_getUploadURLExternal(filename=args["filename"], length=len(content))
+            extra.update(file_id=got["file_id"], upload_url=got["upload_url"])
+            await self.store.call(_progress, row, extra)
+        if not extra.get("uploaded"):
+            timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as session,
+                session.post(extra["upload_url"], data=content) as response,
+            ):
+                if response.status >= 400:
+                    raise aiohttp.ClientResponseError(response.request_info, (), status=response.status)
+            extra.update(uploaded=True)
+            await self.store.call(_progress, row, extra)
+        if extra.get("completing") and _may_have_landed(row) and await _asking(self._shared(extra["file_id"], args)):
+            log.info("Slack file %s was already shared; not completed again", write.key)
+            return {"file_id": extra["file_id"]}
+        extra.update(completing=True)
+        await self.store.call(_progress, row, extra)
+        done = await self.client.files_completeUploadExternal(
+            files=[{"id": extra["file_id"], "title": args["title"]}],
+            channel_id=args["channel"],
+            thread_ts=args.get("thread_ts"),
+        )
+        return dict(done.data) if isinstance(done.data, dict) else {}
+
+    async def _shared(self, file_id: str, args: dict[str, Any]) -> bool:
+        info = await self.client.files_info(file=file_id)
+        shares = (info.get("file") or {}).get("shares") or {}
+        places = [p for kind in shares.values() for p in kind.get(args["channel"], [])]
+        return (
+            any(p.get("thread_ts") == args.get("thread_ts") for p in places) if args.get("thread_ts") else bool(places)
+        )
 
 
 def slack_error(exc: SlackApiError) -> str:
@@ -204,12 +311,56 @@ def slack_error(exc: SlackApiError) -> str:
     )
 
 
+async def _asking(lookup: Awaitable[T]) -> T:
+    try:
+        return await lookup
+    except SlackApiError as exc:
+        raise LookupFailed(slack_error(exc)) from exc
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise LookupFailed(type(exc).__name__) from exc
+
+
+def _retry_after(exc: BaseException | None) -> float:
+    """A 429's Retry-After in seconds; 0 for anything else."""
+    if not isinstance(exc, SlackApiError) or exc.response.status_code != 429:
+        return 0.0
+    return float(exc.response.headers.get("Retry-After", exc.response.headers.get("retry-after", 1)))
+
+
+def _may_have_landed(row: dict[str, Any]) -> bool:
+    """An earlier call got no answer that says it did nothing: a crash mid-call, a time-out, a lost
+    connection, a 5xx. A 429 says Slack did nothing."""
+    return bool(row["attempts"]) and row["error"] != RATELIMITED
+
+
 def _backoff(row: dict[str, Any]) -> float:
     return BACKOFF_S[min(row["attempts"], len(BACKOFF_S) - 1)]
 
 
 def _write(row: dict[str, Any]) -> Write:
     return Write(**json.loads(row["payload_json"]))
+
+
+def _fallback(write: Write, error: str) -> Write | None:
+    """A short text in place of a write that cannot get through: a file becomes a note, a message its text."""
+    if write.extra.get("fallback_of") or error.split(" ")[0] in NO_FALLBACK:
+        return None
+    if write.method == UPLOAD:
+        text = (
+            f"📎 {write.args['title']} (`{write.args['filename']}`) could not be uploaded ({error});"
+            f" `k3repro show {write.run_id}` has it"
+        )
+    elif write.method == "chat.postMessage":
+        text = (
+            str(write.args.get("text", ""))[:FALLBACK_TEXT]
+            + f"\n_(shortened: Slack did not take the full message: {error})_"
+        )
+    else:
+        return None
+    args = {"channel": write.args["channel"], "text": text}
+    if write.args.get("reply_broadcast"):
+        args["reply_broadcast"] = True
+    return replace(write, method="chat.postMessage", args=args, extra={"fallback_of": write.method})
 
 
 # --- SQL, run on the store's thread ---
@@ -220,7 +371,7 @@ PUT_SQL = (
     " created_at) VALUES (?, ?, ?, ?, ?, 'pending', 1, 0, 0, ?) ON CONFLICT(key) "
 )
 PUT_CONFLICT = {
-    True: "DO UPDATE SET payload_json = excluded.payload_json, state = 'pending', version = version + 1",
+    True: "DO UPDATE SET payload_json = excluded.payload_json, state = 'pending', version = version + 1, attempts = 0",
     False: "DO NOTHING",
 }
 
@@ -236,12 +387,23 @@ def _pending_lanes(store: Store) -> list[str]:
 
 
 def _pending(store: Store, lane: str) -> list[dict[str, Any]]:
-    rows = store.db.table("slack_outbox").rows_where("state = 'pending' AND lane = ?", [lane], order_by="id", limit=100)
+    """In order for a post lane; for updates, the message whose state was sent longest ago (or never) first."""
+    order = "sent_at IS NOT NULL, sent_at, id" if lane == "update" else "id"
+    rows = store.db.table("slack_outbox").rows_where(
+        "state = 'pending' AND lane = ?", [lane], order_by=order, limit=100
+    )
     return list(rows)
 
 
 def _refs(store: Store, write: Write) -> dict[str, Any] | None:
-    """The ts a write needs (its thread's parent, the message it updates); None while not posted yet."""
+    """The ts a write needs (its thread's parent, the message it updates); None while not posted yet, or while
+    the write it comes `after` is still pending."""
+    if write.after:
+        waiting = store.db.execute(
+            "SELECT COUNT(*) FROM slack_outbox WHERE key = ? AND state = 'pending'", [write.after]
+        ).fetchone()[0]
+        if waiting:
+            return None
     needed = [("thread_ts", "parent_ts")] if write.thread else []
     needed += [("ts", write.target)] if write.target else []
     if not needed:
@@ -262,11 +424,36 @@ def _refs(store: Store, write: Write) -> dict[str, Any] | None:
     return refs
 
 
+def _attempt(store: Store, row: dict[str, Any]) -> None:
+    """Counted, and marked in flight until its answer says otherwise (a crash leaves the mark)."""
+    with store.db.conn:
+        store.db.execute(
+            "UPDATE slack_outbox SET attempts = attempts + 1, error = ? WHERE id = ?", [IN_FLIGHT, row["id"]]
+        )
+
+
 def _retry(store: Store, row: dict[str, Any], not_before: float, error: str) -> None:
     with store.db.conn:
         store.db.execute(
-            "UPDATE slack_outbox SET attempts = attempts + 1, not_before = ?, error = ? WHERE id = ?",
-            [not_before, error, row["id"]],
+            "UPDATE slack_outbox SET not_before = ?, error = ? WHERE id = ?", [not_before, error, row["id"]]
+        )
+
+
+def _progress(store: Store, row: dict[str, Any], extra: dict[str, Any]) -> None:
+    with store.db.conn:
+        store.db.execute(
+            "UPDATE slack_outbox SET payload_json = json_set(payload_json, '$.extra', json(?)) WHERE id = ?",
+            [json.dumps(extra), row["id"]],
+        )
+
+
+def _replace(store: Store, row: dict[str, Any], write: Write, error: str) -> None:
+    """The fallback in the same row (same key, same place in its lane), with its own attempts."""
+    with store.db.conn:
+        store.db.execute(
+            "UPDATE slack_outbox SET method = ?, payload_json = ?, attempts = 0, not_before = 0, error = ?"
+            " WHERE id = ?",
+            [write.method, json.dumps(asdict(write)), error, row["id"]],
         )
 
 
@@ -274,7 +461,8 @@ def _finish(
     store: Store, row: dict[str, Any], state: str, error: str, write: Write | None = None, answer: Any = None
 ) -> None:
     """Completes the version that was sent; a newer coalesced version stays pending and goes out next.
-    A file's content is dropped once it is in Slack: the row's key is all that is still needed."""
+    A file's content is dropped once it is in Slack: the row's key is all that is still needed. The card's
+    place is also the run's (runs.channel, runs.thread_ts)."""
     with store.db.conn:
         store.db.execute(
             "UPDATE slack_outbox SET state = ?, error = ?, sent_at = ?, not_before = 0,"
@@ -283,6 +471,11 @@ def _finish(
         )
         if write is not None and write.creates in SET_REF_SQL and answer:
             store.db.execute(SET_REF_SQL[write.creates], [answer.get("ts"), write.run_id])
+            if write.creates == "parent_ts":
+                store.db.execute(
+                    "UPDATE runs SET channel = ?, thread_ts = ? WHERE id = ?",
+                    [write.args["channel"], answer.get("ts"), write.run_id],
+                )
 
 
 def pending_count(store: Store, lane: str = "") -> int:

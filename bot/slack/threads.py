@@ -39,6 +39,10 @@ class Threads:
         self.store: AsyncStore = core.store
         self.outbox = outbox
         self._tasks = TaskSet()
+        self._shown: dict[str, str] = {}  # run id -> key of its latest thread message: what card and checklist wait for
+        self._queued: dict[
+            str, dict[str, Any]
+        ] = {}  # update key -> the state last queued (an unchanged one is skipped)
         metrics.gauge("k3repro_runs_followed", lambda: float(len(self._tasks)))
 
     async def open(self, started: StartedRun, channel: str, team_domain: str) -> None:
@@ -87,7 +91,7 @@ class Threads:
 
     async def rerun(self, run_id: str, user: str, channel: str) -> str:
         """Starts an isolated rerun of a run; its start, then its verdict and environment differences, go to
-        the ORIGINAL run's thread. A refusal (nothing started) is raised to the caller, as StartRefused."""
+        the ORIGINAL run's thread. A refusal (nothing started) is raised to the caller, as Refused."""
         placed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         post = await self._poster(run_id, channel)
 
@@ -190,6 +194,7 @@ class Threads:
     ) -> None:
         args = {"channel": channel, **message.args(), "reply_broadcast": reply_broadcast}
         await self.outbox.put(Write(key, "chat.postMessage", args, view.run_id, thread=True))
+        self._shown[view.run_id] = key
         if message.overflow:
             await self._upload(
                 view, channel, f"{key}:full", f"{key.replace(':', '-')}.txt", "full text", message.overflow
@@ -200,21 +205,28 @@ class Threads:
         await self.outbox.put(Write(key, UPLOAD, args, view.run_id, thread=True, extra={"content": content}))
 
     async def _refresh(self, view: RunRecord, channel: str) -> None:
-        """The latest card and checklist; the outbox keeps only the newest of each until it is sent."""
+        """The latest card and checklist, each in its own slot (the outbox keeps only the newest of each until
+        it is sent), sent only once the thread shows the message their state comes from (the verdict before a
+        "completed" card); a state equal to the one already queued is not queued again."""
         card, checklist = blocks.card(view), blocks.checklist(view)
         for name, message, extra in (
             ("card", card, {"metadata": blocks.metadata(view)}),
             ("checklist", checklist, {}),
         ):
-            await self.outbox.put(
-                Write(
-                    f"{view.run_id}:{name}:update",
-                    "chat.update",
-                    {"channel": channel, **message.args(), **extra},
-                    view.run_id,
-                    target="parent_ts" if name == "card" else "checklist_ts",
-                )
-            )
+            key, args = f"{view.run_id}:{name}:update", {"channel": channel, **message.args(), **extra}
+            if self._queued.get(key) == args:
+                continue
+            self._queued[key] = args
+            target = "parent_ts" if name == "card" else "checklist_ts"
+            after = self._shown.get(view.run_id, "")
+            await self.outbox.put(Write(key, "chat.update", args, view.run_id, target=target, after=after))
+        if view.final:
+            self._forget(view.run_id)
+
+    def _forget(self, run_id: str) -> None:
+        self._shown.pop(run_id, None)
+        for name in ("card", "checklist"):
+            self._queued.pop(f"{run_id}:{name}:update", None)
 
 
 def _filename(source: str, view: RunRecord) -> str:
