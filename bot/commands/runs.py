@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
+from pathlib import Path
 
 from google.protobuf import json_format
 
@@ -14,6 +16,7 @@ from bot.coordinator import StartRefused
 from bot.record import RunRecord
 from bot.render import TextRenderer, run_header, terminal
 from bot.store import RunNotFound, Store, redacted
+from bot.timeline import write_timeline
 from runner.redact import redactor
 
 
@@ -25,6 +28,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     show.add_argument("run")
     show.add_argument("--logs", action="store_true", help="include the engine's log")
     show.add_argument("--json", action="store_true", help="the run and its events as JSON")
+    show.add_argument("--timeline", type=Path, metavar="FILE", help="also draw the run's launches as a PNG")
     show.set_defaults(func=show_run)
     cancel = sub.add_parser("cancel", help="cancel an active run")
     cancel.add_argument("run")
@@ -56,6 +60,11 @@ def show_run(args: argparse.Namespace) -> int:
     except RunNotFound as exc:
         raise CommandError(str(exc)) from None
     events = [redactor().message(event) for event in store.events(run["id"])]
+    if args.timeline is not None:
+        try:
+            print(write_timeline(run, events, args.timeline), file=sys.stderr)
+        except OSError as exc:
+            raise CommandError(f"cannot write the timeline {args.timeline}: {exc.strerror or exc}") from None
     if args.json:  # json.dumps escapes control characters: the output is safe for a terminal as it is
         shown = {**redacted(run), "request_json": json.dumps(public_request(run, RunRecord.replay(run["id"], events)))}
         payload = {"run": shown, "events": [json_format.MessageToDict(event) for event in events]}
