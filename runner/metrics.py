@@ -6,7 +6,9 @@ the numbers are those of the journal and the thread, and no stage counts anythin
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import sqlite3
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from aiohttp import web
@@ -14,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
+from runner.launches import launches
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Stage durations run from milliseconds (freeze, verdict) to the hour a 1T-parameter model takes to load.
@@ -21,8 +24,18 @@ STAGE_BUCKETS_S = (0.1, 1, 5, 15, 60, 300, 900, 1800, 3600, 7200, float("inf"))
 
 
 class RunnerMetrics:
-    def __init__(self, name: str, cluster: str, backend: str, journal: Path, active: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        name: str,
+        cluster: str,
+        backend: str,
+        journal: Path,
+        active: Callable[[], int],
+        events: Callable[[str], Iterable[pb.RunEvent]],
+    ) -> None:
+        """`events`: a run's journaled events (its launches are told from them when it ends)."""
         self.registry = registry = CollectorRegistry()
+        self._events = events
         info = Gauge("k3repro_runner_info", "this runner (always 1)", ["name", "cluster", "backend"], registry=registry)
         info.labels(name, cluster, backend).set(1)
         self.runs = Counter(
@@ -34,6 +47,13 @@ class RunnerMetrics:
         self.launches = Counter(
             "k3repro_runner_launches_total",
             "engine launches of finished runs: full, or a cheaper proxy (runner/data/proxies.toml)",
+            ["kind"],
+            registry=registry,
+        )
+        self.engine_seconds = Counter(
+            "k3repro_runner_engine_alive_seconds_total",
+            "engine time of finished runs' launches, first phase line to last line or answer (times the host's "
+            "GPUs: GPU-seconds)",
             ["kind"],
             registry=registry,
         )
@@ -93,6 +113,9 @@ class RunnerMetrics:
             proxies = min(self._proxies.pop(event.run_id, 0), finished.launches)
             self.launches.labels("full").inc(finished.launches - proxies)
             self.launches.labels("proxy").inc(proxies)
+            with contextlib.suppress(sqlite3.Error):  # a journal that cannot be read costs this number only
+                for span in launches(self._events(event.run_id)):
+                    self.engine_seconds.labels("proxy" if span.proxy else "full").inc(max(0.0, span.end - span.start))
             self._last_error.pop(event.run_id, None)
             for key in [key for key in self._stage_started if key[0] == event.run_id]:
                 del self._stage_started[key]

@@ -17,6 +17,7 @@ from protos import runner_pb2 as pb
 from protos.vocab import to_id
 from runner.config import parse_runner_config
 from runner.daemon import DaemonStartError, RunnerDaemon
+from runner.launches import launches
 from runner.stages.prometheus import counter_total
 from runner.tls import DevCerts
 from runner.toml_reader import ConfigError
@@ -125,6 +126,9 @@ async def test_the_runner_endpoint_counts_a_run_from_its_events(certs: DevCerts,
     proxies = sum(e.artifact.name == "proxy_launch" for e in events if e.WhichOneof("payload") == "artifact")
     assert _value(samples, "k3repro_runner_launches_total", kind="proxy") == proxies
     assert _value(samples, "k3repro_runner_launches_total", kind="full") == 2.0 - proxies
+    alive = sum(span.end - span.start for span in launches(events) if not span.proxy)
+    assert _value(samples, "k3repro_runner_engine_alive_seconds_total", kind="full") == pytest.approx(alive)
+    assert alive > 0
     # the demo's minimal launch fails in NCCL set-up, twice (failure_attempts = 2)
     assert _value(samples, "k3repro_runner_first_errors_total", phase="gpu_detect", category="nccl_comm") == 2.0
     started = {e.stage_started.stage for e in events if e.WhichOneof("payload") == "stage_started"}

@@ -13,8 +13,8 @@ from matplotlib.image import imread
 from bot.cli import main
 from bot.coordinator import Coordinator
 from bot.store import AsyncStore, Store
-from bot.timeline import launches
 from protos import runner_pb2 as pb
+from runner.launches import launches
 from runner.tls import DevCerts
 from tests.k3fixtures import bot_config, runner_data, running_runner
 
