@@ -110,6 +110,8 @@ class RunnerDaemon:
             raise DaemonStartError(f"cannot listen on {self.config.listen} (in use, or not an address of this host)")
         if self.metrics is not None:
             await self._serve_metrics(self.metrics)
+            view = await asyncio.to_thread(self.hub.backend.nvml.read)
+            self.metrics.gpus = len(view.gpus) if view.available else 0
         recovered = await self.hub.recover()
         if recovered:
             log.warning("closed %d run(s) left unfinished by a previous runner process", len(recovered))

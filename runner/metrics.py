@@ -52,11 +52,19 @@ class RunnerMetrics:
         )
         self.engine_seconds = Counter(
             "k3repro_runner_engine_alive_seconds_total",
-            "engine time of finished runs' launches, first phase line to last line or answer (times the host's "
-            "GPUs: GPU-seconds)",
+            "engine time of finished runs' launches, first phase line to last line or answer",
             ["kind"],
             registry=registry,
         )
+        self.gpu_seconds = Counter(
+            "k3repro_runner_engine_gpu_seconds_total",
+            "engine time times the host's GPUs (a launch owns them all)",
+            ["kind"],
+            registry=registry,
+        )
+        self.gpus = 0  # set by the daemon from NVML when it starts (0: unknown, no GPU-seconds counted)
+        gpus = Gauge("k3repro_runner_gpus", "GPUs NVML reported when the runner started", registry=registry)
+        gpus.set_function(lambda: float(self.gpus))
         self.first_errors = Counter(
             "k3repro_runner_first_errors_total",
             "first errors found in engine logs, by phase and category",
@@ -115,7 +123,9 @@ class RunnerMetrics:
             self.launches.labels("proxy").inc(proxies)
             with contextlib.suppress(sqlite3.Error):  # a journal that cannot be read costs this number only
                 for span in launches(self._events(event.run_id)):
-                    self.engine_seconds.labels("proxy" if span.proxy else "full").inc(max(0.0, span.end - span.start))
+                    kind, alive = "proxy" if span.proxy else "full", max(0.0, span.end - span.start)
+                    self.engine_seconds.labels(kind).inc(alive)
+                    self.gpu_seconds.labels(kind).inc(alive * self.gpus)
             self._last_error.pop(event.run_id, None)
             for key in [key for key in self._stage_started if key[0] == event.run_id]:
                 del self._stage_started[key]

@@ -128,7 +128,8 @@ async def test_the_runner_endpoint_counts_a_run_from_its_events(certs: DevCerts,
     assert _value(samples, "k3repro_runner_launches_total", kind="full") == 2.0 - proxies
     alive = sum(span.end - span.start for span in launches(events) if not span.proxy)
     assert _value(samples, "k3repro_runner_engine_alive_seconds_total", kind="full") == pytest.approx(alive)
-    assert alive > 0
+    assert alive > 0 and _value(samples, "k3repro_runner_gpus") == 8  # the demo's simulated host
+    assert _value(samples, "k3repro_runner_engine_gpu_seconds_total", kind="full") == pytest.approx(alive * 8)
     # the demo's minimal launch fails in NCCL set-up, twice (failure_attempts = 2)
     assert _value(samples, "k3repro_runner_first_errors_total", phase="gpu_detect", category="nccl_comm") == 2.0
     started = {e.stage_started.stage for e in events if e.WhichOneof("payload") == "stage_started"}
