@@ -12,6 +12,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 import grpc
 
 from bot.config import BotConfig
+from bot.refusal import Refused
 from bot.runner_client import open_channel, rpc_error_text
 from bot.store import AsyncStore, Store, now
 from protos import runner_pb2 as pb
@@ -32,8 +33,8 @@ REFUSALS = {
 }
 
 
-class RunRefused(Exception):
-    """The runner refused to start the run; the run is recorded as an error."""
+class RunRefused(Refused):
+    """The runner refused to start a run StartRun was sent for by follow_run (a rerun): recorded as an error."""
 
 
 class RunLost(Exception):

@@ -12,18 +12,15 @@ from bot.config import BotConfig
 from bot.consumer import EventCallback, ReconnectCallback, RunRefused, accept, follow_run
 from bot.dispatcher import DispatchError, RunnerState, pick_runner, survey
 from bot.ids import new_run_id
+from bot.refusal import Refused
 from bot.runner_client import open_channel, rpc_error_text
-from bot.store import ActiveRunExists, AsyncStore, Store
+from bot.store import ACTIVE, ActiveRunExists, AsyncStore, Store
 from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
 from runner.toml_reader import ConfigError
 from runner.vllm_cli import LaunchCommandError, parse_launch_command
 
 MAX_NOTE_CHARS = 500
-
-
-class StartRefused(Exception):
-    """A request that changes nothing: bad cluster, bad launch command, active run, no runner, bad note."""
 
 
 @dataclass(frozen=True)
@@ -60,16 +57,16 @@ class Coordinator:
             cluster = self.config.cluster(cluster_name)
             parse_launch_command(list(cluster.launch_argv))
         except ConfigError as exc:
-            raise StartRefused(str(exc)) from None
+            raise Refused(str(exc)) from None
         except LaunchCommandError as exc:
-            raise StartRefused(f"cluster {cluster_name}: launch command: {exc}") from None
+            raise Refused(f"cluster {cluster_name}: launch command: {exc}") from None
         active = await self.store.call(Store.active_run, cluster.name)
         if active is not None:
-            raise StartRefused(f"cluster {cluster.name} already has an active run: {active['id']}")
+            raise Refused(f"cluster {cluster.name} already has an active run: {active['id']}")
         try:
             runner = await pick_runner(self.config, cluster)
         except DispatchError as exc:
-            raise StartRefused(str(exc)) from None
+            raise Refused(str(exc)) from None
         run_id = new_run_id()
         image = image or cluster.image
         changes = await self.store.call(Store.changes, cluster.name)
@@ -106,14 +103,14 @@ class Coordinator:
         try:  # the row reserves the cluster (one active run each) while the runner is asked
             await self.store.call(Store.create_run, row)
         except ActiveRunExists as exc:
-            raise StartRefused(f"cluster {cluster.name} already has an active run: {exc.run_id}") from None
+            raise Refused(f"cluster {cluster.name} already has an active run: {exc.run_id}") from None
         try:
             first = await accept(self.config, runner.address, request)
         except BaseException as exc:
             await self.store.call(Store.discard_run, run_id)
             if isinstance(exc, RunRefused):
                 await self.store.call(Store.audit, requested_by, "start refused", cluster.name, str(exc), via, place)
-                raise StartRefused(str(exc)) from None
+                raise Refused(str(exc)) from None
             raise
         await self.store.call(Store.add_event, first)
         await self.store.call(
@@ -137,7 +134,7 @@ class Coordinator:
 
     async def cancel(self, run_id: str, requested_by: str, via: str = "cli", place: str = "") -> str:
         run = await self.store.call(Store.get_run, run_id)
-        if run["status"] not in ("queued", "running"):
+        if run["status"] not in ACTIVE:
             return f"run {run['id']} already ended ({run['status']})"
         async with open_channel(run["runner"], self.config.tls) as channel:
             try:
@@ -148,7 +145,7 @@ class Coordinator:
                     timeout=self.config.connect_timeout_s + 30,
                 )
             except grpc.aio.AioRpcError as exc:
-                raise StartRefused(f"cannot cancel run {run['id']}: {rpc_error_text(exc)}") from None
+                raise Refused(f"cannot cancel run {run['id']}: {rpc_error_text(exc)}") from None
         await self.store.call(Store.audit, requested_by, "cancel", run["id"], answer.message, via, place)
         return f"run {run['id']}: {answer.message}"
 
@@ -157,12 +154,12 @@ class Coordinator:
         try:
             cluster = self.config.cluster(cluster_name)
         except ConfigError as exc:
-            raise StartRefused(str(exc)) from None
+            raise Refused(str(exc)) from None
         text = " ".join(what.split())
         if not text:
-            raise StartRefused("a note needs text: what changed")
+            raise Refused("a note needs text: what changed")
         if len(text) > MAX_NOTE_CHARS:
-            raise StartRefused(f"a note is at most {MAX_NOTE_CHARS} characters (got {len(text)})")
+            raise Refused(f"a note is at most {MAX_NOTE_CHARS} characters (got {len(text)})")
         row = await self.store.call(Store.add_change, cluster.name, text, by, via)
         await self.store.call(Store.audit, by, "note", cluster.name, text, via, place)
         return row
@@ -174,6 +171,6 @@ class Coordinator:
             try:
                 cluster = self.config.cluster(name)
             except ConfigError as exc:
-                raise StartRefused(str(exc)) from None
+                raise Refused(str(exc)) from None
             result.extend((name, state) for state in await survey(self.config, cluster))
         return result

@@ -15,10 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from bot.store import FINAL
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
-
-FINAL_STATUSES = ("completed", "cancelled", "error", "lost")
 
 
 @dataclass(frozen=True)
@@ -177,7 +176,7 @@ class RunRecord:
     def of(cls, run: dict[str, Any]) -> RunRecord:
         """A stored run before its events: a run the store holds as ended keeps its status and why."""
         record = cls(run["id"], run["cluster"], run["runner"] or "", run["image"] or "", run["requested_by"] or "")
-        if run["status"] in FINAL_STATUSES:
+        if run["status"] in FINAL:
             record.status, record.problem = run["status"], run["summary"] or ""
         return record
 
@@ -190,7 +189,7 @@ class RunRecord:
 
     @property
     def final(self) -> bool:
-        return self.status in FINAL_STATUSES
+        return self.status in FINAL
 
     @property
     def decision(self) -> str:

@@ -15,10 +15,11 @@ from typing import Any
 
 from bot.bundle import MAX_BUNDLE_BYTES, Bundle, BundleError, export_bundle
 from bot.consumer import EventCallback, follow_run
-from bot.coordinator import Coordinator, StartRefused
+from bot.coordinator import Coordinator
 from bot.ids import new_run_id
 from bot.isolation import IsolationError, Placement, Provider, make_provider
 from bot.record import RunRecord
+from bot.refusal import Refused
 from bot.store import ACTIVE, RunNotFound, Store, now
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
@@ -56,7 +57,7 @@ async def rerun_isolated(
     place: str = "",
     on_started: Started | None = None,
 ) -> RerunOutcome:
-    """Checks everything that can be checked first (StartRefused: nothing was started), then places, runs,
+    """Checks everything that can be checked first (Refused: nothing was started), then places, runs,
     follows and compares. The placement is released however the rerun ends, a cancelled task included."""
     placed = await place_rerun(core, run_id, requested_by, via=via, place=place)
     try:
@@ -75,15 +76,15 @@ async def place_rerun(
     store = core.store
     original = await store.call(Store.get_run, run_id)
     if original["rerun_of"]:
-        raise StartRefused(f"run {original['id']} is itself a rerun of {original['rerun_of']}; rerun that one")
+        raise Refused(f"run {original['id']} is itself a rerun of {original['rerun_of']}; rerun that one")
     try:
         bundle = await store.call(export_bundle, original["id"])
         provider = make_provider(core.config, core.config.cluster(original["cluster"]))
     except (BundleError, ConfigError, IsolationError) as exc:
-        raise StartRefused(f"{exc}; nothing was started") from None
+        raise Refused(f"{exc}; nothing was started") from None
     size = len(bundle.to_bytes())
     if size > MAX_BUNDLE_BYTES:
-        raise StartRefused(
+        raise Refused(
             f"the bundle of run {original['id']} is {size} bytes, over the limit of {MAX_BUNDLE_BYTES} bytes; "
             "nothing was started"
         )
@@ -91,7 +92,7 @@ async def place_rerun(
     if body is None:  # the runner kept only the body's sha256 (request_bodies = "hash"): this store has it
         body = json.loads(original["request_json"] or "{}").get("request") or None
     if body is None:
-        raise StartRefused(
+        raise Refused(
             f'the bundle of run {original["id"]} keeps only the request body\'s sha256 (request_bodies = "hash") '
             "and this store has no body for it; nothing was started"
         )
@@ -100,7 +101,7 @@ async def place_rerun(
     try:
         placement = await provider.acquire(rerun_id)
     except IsolationError as exc:
-        raise StartRefused(f"{exc}; nothing was run") from None
+        raise Refused(f"{exc}; nothing was run") from None
     try:
         await store.call(
             Store.create_rerun,

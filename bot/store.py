@@ -11,8 +11,7 @@ import asyncio
 import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,8 +21,9 @@ from google.protobuf import json_format
 from protos import runner_pb2 as pb
 from runner.redact import redactor
 
-ACTIVE = ("queued", "running")
+ACTIVE = ("queued", "running")  # the statuses the migrations' one-active-run-per-cluster index names
 FINAL = ("completed", "cancelled", "error", "lost")
+_ACTIVE_SQL = ", ".join(f"'{status}'" for status in ACTIVE)
 
 T = TypeVar("T")
 
@@ -162,12 +162,6 @@ MIGRATIONS: tuple[tuple[str, Callable[[sqlite_utils.Database], None]], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class StoredEvent:
-    seq: int
-    event: pb.RunEvent
-
-
 class Store:
     def __init__(self, path: Path) -> None:
         try:
@@ -197,6 +191,19 @@ class Store:
 
     def close(self) -> None:
         self.db.close()
+
+    # --- Slack requests ---
+
+    def claim_request(self, request_id: str) -> bool:
+        """True the first time a Slack request id is seen: a retried delivery never does anything twice. Slack
+        stops retrying within minutes, so ids older than a day are forgotten."""
+        forget = (datetime.now(UTC) - timedelta(days=1)).isoformat(timespec="milliseconds")
+        with self.db.conn:
+            self.db.execute("DELETE FROM slack_requests WHERE at < ?", [forget])
+            cursor = self.db.execute(
+                "INSERT INTO slack_requests (id, at) VALUES (?, ?) ON CONFLICT(id) DO NOTHING", [request_id, now()]
+            )
+        return cursor.rowcount == 1
 
     # --- runs ---
 
@@ -234,7 +241,7 @@ class Store:
         return [row["id"] for row in self.db.table("runs").rows_where("runner = ?", [runner], select="id")]
 
     def active_run(self, cluster: str) -> dict[str, Any] | None:
-        where = "cluster = ? AND status IN ('queued', 'running') AND rerun_of IS NULL"
+        where = f"cluster = ? AND status IN ({_ACTIVE_SQL}) AND rerun_of IS NULL"
         rows = list(self.db.table("runs").rows_where(where, [cluster]))
         return rows[0] if rows else None
 

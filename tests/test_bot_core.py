@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.coordinator import Coordinator, StartRefused
+from bot.coordinator import Coordinator
+from bot.refusal import Refused
 from bot.store import AsyncStore, Store
 from protos import runner_pb2 as pb
 from runner.tls import DevCerts
@@ -127,7 +128,7 @@ async def test_lost_stream_resumes_without_lost_or_duplicated_events(certs: DevC
 async def test_unknown_cluster_is_refused_and_changes_nothing(certs: DevCerts, tmp_path: Path) -> None:
     config = bot_config(certs, tmp_path / "k3.db", ["127.0.0.1:9"])
     store = AsyncStore(config.store)
-    with pytest.raises(StartRefused, match=r"unknown cluster 'cluster-z' \(known: cluster-a\)"):
+    with pytest.raises(Refused, match=r"unknown cluster 'cluster-z' \(known: cluster-a\)"):
         await Coordinator(config, store).start("cluster-z", "U1")
     store.close()
     assert _dump(config.store) == ([], [])
@@ -136,7 +137,7 @@ async def test_unknown_cluster_is_refused_and_changes_nothing(certs: DevCerts, t
 async def test_unknown_flag_is_refused_before_anything_is_dispatched(certs: DevCerts, tmp_path: Path) -> None:
     config = bot_config(certs, tmp_path / "k3.db", ["127.0.0.1:9"], launch=KIMI_LAUNCH + " --enable-turbo")
     store = AsyncStore(config.store)
-    with pytest.raises(StartRefused, match="launch command: unrecognized arguments: --enable-turbo"):
+    with pytest.raises(Refused, match="launch command: unrecognized arguments: --enable-turbo"):
         await Coordinator(config, store).start("cluster-a", "U1")
     store.close()
     assert _dump(config.store) == ([], [])
@@ -148,7 +149,7 @@ async def test_runner_down_is_a_clear_refusal(certs: DevCerts, tmp_path: Path) -
     config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{dead_port}"])
     store = AsyncStore(config.store)
     with pytest.raises(
-        StartRefused, match=f"no runner of cluster cluster-a can take the run: 127.0.0.1:{dead_port} unreachable"
+        Refused, match=f"no runner of cluster cluster-a can take the run: 127.0.0.1:{dead_port} unreachable"
     ):
         await Coordinator(config, store).start("cluster-a", "U1")
     store.close()
@@ -160,7 +161,7 @@ async def test_a_start_the_runner_refuses_stores_only_its_audit_line(certs: DevC
     async with running_runner(data) as daemon:
         config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"])
         store = AsyncStore(config.store)
-        with pytest.raises(StartRefused, match=r"refused the run: .*not allowlisted"):
+        with pytest.raises(Refused, match=r"refused the run: .*not allowlisted"):
             await Coordinator(config, store).start("cluster-a", "U1")
         store.close()
     rows, events = _dump(config.store)
@@ -181,7 +182,7 @@ async def test_second_start_points_to_the_active_run(certs: DevCerts, tmp_path: 
 
         following = asyncio.create_task(core.follow(started, note))
         await asyncio.wait_for(first_event.wait(), 30)
-        with pytest.raises(StartRefused, match=f"already has an active run: {started.run_id}"):
+        with pytest.raises(Refused, match=f"already has an active run: {started.run_id}"):
             await core.start("cluster-a", "U2")
         message = await core.cancel(started.run_id, "U1")
         assert "cancelled" in message
@@ -200,11 +201,11 @@ async def test_notes_reach_the_next_runs_frozen_scene(certs: DevCerts, tmp_path:
         store = AsyncStore(config.store)
         core = Coordinator(config, store)
         await core.note("cluster-a", "driver  580.82 ->\n580.95 on gpu-a1", "U1")
-        with pytest.raises(StartRefused, match="unknown cluster"):
+        with pytest.raises(Refused, match="unknown cluster"):
             await core.note("cluster-z", "x", "U1")
-        with pytest.raises(StartRefused, match="needs text"):
+        with pytest.raises(Refused, match="needs text"):
             await core.note("cluster-a", "   ", "U1")
-        with pytest.raises(StartRefused, match="at most 500 characters"):
+        with pytest.raises(Refused, match="at most 500 characters"):
             await core.note("cluster-a", "x" * 501, "U1")
         recorder = Recorder()
         await core.follow(await core.start("cluster-a", "U1"), recorder)

@@ -15,8 +15,9 @@ import pytest
 
 from bot import rerun as rerun_module
 from bot.bundle import Bundle
-from bot.coordinator import Coordinator, StartRefused
+from bot.coordinator import Coordinator
 from bot.record import image_digest
+from bot.refusal import Refused
 from bot.rerun import rerun_isolated, rerun_request, verdict_lines
 from bot.runner_client import open_channel
 from bot.store import AsyncStore, RunNotFound, Store
@@ -126,10 +127,10 @@ async def test_refusals_are_one_line_and_change_nothing(
         before = await s.store.call(Store.runs, 100)
         with pytest.raises(RunNotFound, match="no run 'nope'"):
             await rerun_isolated(s.core, "nope", "U2", _ignore)
-        with pytest.raises(StartRefused) as no_runner:
+        with pytest.raises(Refused) as no_runner:
             await rerun_isolated(s.core, original, "U2", _ignore)
         monkeypatch.setattr(rerun_module, "MAX_BUNDLE_BYTES", 1000)
-        with pytest.raises(StartRefused) as oversized:
+        with pytest.raises(Refused) as oversized:
             await rerun_isolated(s.core, original, "U2", _ignore)
         after = await s.store.call(Store.runs, 100)
         reruns = await s.store.call(Store.reruns_of, original)
@@ -146,7 +147,7 @@ async def test_without_an_isolation_provider_nothing_starts(certs: DevCerts, tmp
         store = AsyncStore(config.store)
         core = Coordinator(config, store)
         original = await _original(Site(core, store, ""))
-        with pytest.raises(StartRefused) as caught:
+        with pytest.raises(Refused) as caught:
             await rerun_isolated(core, original, "U2", _ignore)
         runs = await store.call(Store.runs, 100)
         store.close()
@@ -212,7 +213,7 @@ async def test_a_once_runner_serves_one_run_then_refuses_more(certs: DevCerts, t
         first = await _original(Site(core, store, ""))
         assert daemon.hub.served.is_set()
         assert (await store.call(Store.get_run, first))["status"] == "completed"
-        with pytest.raises(StartRefused, match=r"resource_exhausted: runner gpu-test serves one run only \(--once\)"):
+        with pytest.raises(Refused, match=r"resource_exhausted: runner gpu-test serves one run only \(--once\)"):
             await core.start("cluster-a", "U1")
         store.close()
 

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from bot.coordinator import Coordinator, StartRefused
+from bot.coordinator import Coordinator
 from bot.isolation import Placement
 from bot.main import resume_runs
+from bot.refusal import Refused
 from bot.rerun import rerun_isolated
 from bot.store import AsyncStore, Store
 from protos import runner_pb2 as pb
@@ -167,7 +168,7 @@ async def test_a_job_that_never_starts_is_reported_after_the_queue_wait(
     slurm: Slurm, certs: DevCerts, tmp_path: Path
 ) -> None:
     async with bot(certs, tmp_path, partition=DOWN, queue_wait_s=2) as (core, original):
-        with pytest.raises(StartRefused) as caught:
+        with pytest.raises(Refused) as caught:
             await rerun_isolated(core, original, "U2", _ignore)
         reruns = await core.store.call(Store.reruns_of, original)
     message = str(caught.value)

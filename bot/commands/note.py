@@ -6,7 +6,7 @@ import argparse
 import asyncio
 
 from bot.commands.common import CommandError, coordinator, load_config, operator
-from bot.coordinator import StartRefused
+from bot.refusal import Refused
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -24,6 +24,6 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         print(asyncio.run(note()))
-    except StartRefused as exc:
+    except Refused as exc:
         raise CommandError(str(exc)) from None
     return 0

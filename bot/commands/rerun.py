@@ -6,9 +6,9 @@ import argparse
 import asyncio
 
 from bot.commands.common import CommandError, EventPrinter, coordinator, load_config, operator
-from bot.consumer import RunLost, RunRefused
-from bot.coordinator import StartRefused
+from bot.consumer import RunLost
 from bot.isolation import Placement
+from bot.refusal import Refused
 from bot.rerun import rerun_isolated, verdict_lines
 from bot.store import RunNotFound
 
@@ -41,7 +41,7 @@ async def _rerun(args: argparse.Namespace) -> int:
     async with coordinator(config) as core:
         try:
             outcome = await rerun_isolated(core, args.run, operator(), printer, on_started=started)
-        except (StartRefused, RunRefused, RunLost, RunNotFound) as exc:
+        except (Refused, RunLost, RunNotFound) as exc:
             raise CommandError(str(exc).strip("'\"")) from None
     print()
     for line in verdict_lines(outcome):

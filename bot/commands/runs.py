@@ -12,8 +12,8 @@ from google.protobuf import json_format
 
 from bot.bundle import public_request
 from bot.commands.common import CommandError, coordinator, load_config, operator
-from bot.coordinator import StartRefused
 from bot.record import RunRecord
+from bot.refusal import Refused
 from bot.render import TextRenderer, run_header, terminal
 from bot.store import RunNotFound, Store, redacted
 from bot.timeline import write_timeline
@@ -85,7 +85,7 @@ def cancel_run(args: argparse.Namespace) -> int:
 
     try:
         print(asyncio.run(cancel()))
-    except (RunNotFound, StartRefused) as exc:
+    except (RunNotFound, Refused) as exc:
         raise CommandError(str(exc)) from None
     return 0
 
@@ -95,7 +95,7 @@ def list_runners(args: argparse.Namespace) -> int:
         async with coordinator(load_config(args.config)) as core:
             try:
                 states = await core.runners(args.cluster)
-            except StartRefused as exc:
+            except Refused as exc:
                 raise CommandError(str(exc)) from None
         for cluster, state in states:
             d = state.description

@@ -8,7 +8,7 @@ import asyncio
 from bot.commands.analyze import MAX_BYTES
 from bot.commands.common import CommandError, EventPrinter, coordinator, load_config, operator
 from bot.consumer import RunLost, RunRefused
-from bot.coordinator import StartRefused
+from bot.refusal import Refused
 from protos import runner_pb2 as pb
 from runner.analyzer import InputError, analyze_path
 from runner.analyzer.messages import first_error_message
@@ -53,7 +53,7 @@ async def _start(args: argparse.Namespace) -> int:
     async with coordinator(config) as core:
         try:
             started = await core.start(args.cluster, operator(), deployment_error=failed)
-        except StartRefused as exc:
+        except Refused as exc:
             raise CommandError(str(exc)) from None
         print(f"run {started.run_id} · cluster {args.cluster} · runner {started.runner}", flush=True)
         try:

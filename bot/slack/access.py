@@ -12,14 +12,11 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.config import BotConfig, ClusterConfig
+from bot.refusal import Refused
 from bot.slack.outbox import slack_error
 from runner.toml_reader import ConfigError
 
 GROUP_TTL_S = 300.0
-
-
-class Refused(Exception):
-    """Shown to the user as an ephemeral message; nothing was changed."""
 
 
 class Access:

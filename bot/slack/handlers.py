@@ -11,12 +11,12 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bot.blocks import ACTION_CANCEL, ACTION_RERUN, MAX_SECTION, clip
-from bot.coordinator import Coordinator, StartRefused
-from bot.slack.access import Access, Refused
+from bot.coordinator import Coordinator
+from bot.refusal import Refused
+from bot.slack.access import Access
 from bot.slack.commands import Command, CommandError, help_text, parse
 from bot.slack.metrics import Metrics
 from bot.slack.outbox import Outbox, Write
@@ -111,13 +111,13 @@ class Handlers:
     # --- after the ack ---
 
     async def _handle(self, request: Request) -> None:
-        if not await self.store.call(_claim, request.id):
+        if not await self.store.call(Store.claim_request, request.id):
             log.info("request %s was already handled (a retry); ignored", request.id)
             return
         work = getattr(self, f"_do_{request.command.name}")
         try:
             answer = await work(request, **request.command.args)
-        except (Refused, StartRefused, RunNotFound) as exc:
+        except (Refused, RunNotFound) as exc:
             answer = f"⛔ {str(exc).strip(chr(39) + chr(34))}"
         except Exception:
             reference = uuid.uuid4().hex[:12]
@@ -141,7 +141,7 @@ class Handlers:
             started = await self.core.start(
                 cluster, request.user, "slack", place=request.channel, profile=profile, image=image
             )
-        except StartRefused:
+        except Refused:
             active = await self.store.call(Store.active_run, cluster)
             if active is None:
                 raise
@@ -174,10 +174,7 @@ class Handlers:
         return await self.threads.rerun(found["id"], request.user, request.channel)
 
     async def _do_runners(self, request: Request, cluster: str = "") -> str:
-        try:
-            states = await self.core.runners(cluster or None)
-        except StartRefused as exc:
-            raise Refused(str(exc)) from None
+        states = await self.core.runners(cluster or None)
         lines = []
         for name, state in states:
             d = state.description
@@ -203,10 +200,7 @@ class Handlers:
 
     async def _do_note(self, request: Request, cluster: str, text: str) -> str:
         await self._operator(request, cluster)
-        try:
-            row = await self.core.note(cluster, text, request.user, "slack", place=request.channel)
-        except StartRefused as exc:
-            raise Refused(str(exc)) from None
+        row = await self.core.note(cluster, text, request.user, "slack", place=request.channel)
         return f"noted for {row['cluster']} at {row['at']}: {row['what']}"
 
     async def _run_line(self, run: dict[str, Any]) -> str:
@@ -227,15 +221,3 @@ class Handlers:
             if url
             else f"thread <#{thread['channel']}> ts {thread['parent_ts']}"
         )
-
-
-def _claim(store: Store, request_id: str) -> bool:
-    """True the first time a request id is seen: a retried delivery never does anything twice. Slack stops
-    retrying within minutes, so ids older than a day are forgotten."""
-    forget = (datetime.now(UTC) - timedelta(days=1)).isoformat(timespec="milliseconds")
-    with store.db.conn:
-        store.db.execute("DELETE FROM slack_requests WHERE at < ?", [forget])
-        cursor = store.db.execute(
-            "INSERT INTO slack_requests (id, at) VALUES (?, ?) ON CONFLICT(id) DO NOTHING", [request_id, now()]
-        )
-    return cursor.rowcount == 1
