@@ -97,13 +97,6 @@ class Decision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DECISION_ISOLATE: _ClassVar[Decision]
     DECISION_CONTINUE: _ClassVar[Decision]
 
-class RerunVerdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
-    RERUN_VERDICT_UNSPECIFIED: _ClassVar[RerunVerdict]
-    RERUN_VERDICT_REPRODUCED: _ClassVar[RerunVerdict]
-    RERUN_VERDICT_NOT_REPRODUCED: _ClassVar[RerunVerdict]
-    RERUN_VERDICT_DIFFERENT_FAILURE: _ClassVar[RerunVerdict]
-
 class StageStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     STAGE_STATUS_UNSPECIFIED: _ClassVar[StageStatus]
@@ -181,10 +174,6 @@ DECISION_UNSPECIFIED: Decision
 DECISION_FIX: Decision
 DECISION_ISOLATE: Decision
 DECISION_CONTINUE: Decision
-RERUN_VERDICT_UNSPECIFIED: RerunVerdict
-RERUN_VERDICT_REPRODUCED: RerunVerdict
-RERUN_VERDICT_NOT_REPRODUCED: RerunVerdict
-RERUN_VERDICT_DIFFERENT_FAILURE: RerunVerdict
 STAGE_STATUS_UNSPECIFIED: StageStatus
 STAGE_STATUS_OK: StageStatus
 STAGE_STATUS_FAILED: StageStatus

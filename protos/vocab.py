@@ -21,7 +21,6 @@ _PREFIXES: dict[str, str] = {
     "LadderStepId": "LADDER_STEP_ID_",
     "LadderOutcome": "LADDER_OUTCOME_",
     "Decision": "DECISION_",
-    "RerunVerdict": "RERUN_VERDICT_",
     "StageStatus": "STAGE_STATUS_",
     "RunStatus": "RUN_STATUS_",
 }

@@ -35,7 +35,6 @@ def test_vocabulary_is_the_designs() -> None:
     assert vocab.ids(pb.ChecklistId) == vocab.CHECKLIST_IDS  # the table and the wire enum agree
     assert all(item.stages and set(item.stages) <= set(vocab.STAGES) and item.evidence for item in vocab.CHECKLIST)
     assert vocab.ids(pb.Decision) == ["fix", "isolate", "continue"]
-    assert vocab.ids(pb.RerunVerdict) == ["reproduced", "not_reproduced", "different_failure"]
 
 
 def test_ids_round_trip_and_unknown_ids_are_named() -> None:
