@@ -44,6 +44,9 @@ class EngineConfig:
     # Ladder steps that only change the request reuse the running server; false relaunches for every step
     # (a server that served one probe is not trusted with the next; also the naive plan the bench compares with).
     reuse_server: bool = True
+    # Proxy launches (runner/data/proxies.toml) for a failure's repeats and for ladder steps; false: every
+    # launch on the real configuration.
+    proxies: bool = True
     sim_scenario: str = ""  # sim backend only: a built-in scenario name or a path
     sim_speed: float = 1.0
     docker: DockerSettings = field(default_factory=DockerSettings)
@@ -121,6 +124,7 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
         failure_attempts=_whole(engine_reader, "failure_attempts", defaults.failure_attempts),
         foreign_memory_wait_s=engine_reader.number("foreign_memory_wait_s", defaults.foreign_memory_wait_s),
         reuse_server=engine_reader.flag("reuse_server", defaults.reuse_server),
+        proxies=engine_reader.flag("proxies", defaults.proxies),
         sim_scenario=scenario,
         sim_speed=sim_reader.number("speed", defaults.sim_speed),
         docker=DockerSettings(

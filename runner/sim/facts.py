@@ -169,7 +169,7 @@ def compute_facts(settings: Settings, scenario: Scenario, launch: int = 0) -> Fa
         max_num_batched_tokens=settings.max_num_batched_tokens or (16384 if big_gpu else 8192 if mid_gpu else 2048),
         phase_seconds={
             "gpu_detect": timings.gpu_detect,
-            "weight_load": timings.weight_load,
+            "weight_load": timings.weight_load_dummy if settings.load_format == "dummy" else timings.weight_load,
             "engine_init": timings.engine_init_eager if settings.enforce_eager else timings.engine_init,
             "api_listen": timings.api_listen,
         },

@@ -95,6 +95,7 @@ class Model:
 class Timings:
     gpu_detect: float
     weight_load: float
+    weight_load_dummy: float  # --load-format dummy: random weights, no reading
     engine_init: float
     engine_init_eager: float
     api_listen: float

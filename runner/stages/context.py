@@ -68,6 +68,7 @@ class RunContext:
     images: list[str] = field(default_factory=list)  # the image id the frozen tag resolved to, then each launch ran
     proxy_for: Attempt | None = None  # set: launches now are proxies for repeating this failure (stages/proxies.py)
     running_proxies: tuple[str, ...] = ()  # the proxies the live (or last) engine was launched with
+    ladder_proxies: bool = False  # ladder relaunches may use the ladder's proxies (a real launch answered)
     decision: pb.Decision = pb.DECISION_UNSPECIFIED  # set by verdict
     reasons: list[str] = field(default_factory=list)
 

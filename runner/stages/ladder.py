@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -139,16 +139,48 @@ async def _step(ctx: RunContext, spec: LadderSpec, step: StepSpec) -> StepOutcom
         )
     if step.probe == "tools" and desired == stable and not _features(ctx, step):
         return StepOutcome(step.id, pb.LADDER_OUTCOME_NOT_APPLICABLE, _no_features(step), relaunched=False)
-    relaunched = ctx.running is None or ctx.running.argv() != desired.argv() or not ctx.config.engine.reuse_server
+    outcome = await _tested(ctx, spec, step, desired)
+    if outcome.failure is not None and outcome.failure.proxy and ctx.proxy_for is None:
+        return await _confirmed(ctx, spec, step, desired, outcome)
+    if outcome.failure is None:
+        ctx.stable = desired
+    return outcome
+
+
+async def _tested(ctx: RunContext, spec: LadderSpec, step: StepSpec, desired: ServeCommand) -> StepOutcome:
+    """The step on a server running `desired` (or its proxy): relaunched only when the live one differs."""
+    launched_as = proxies.planned(ctx, desired)[0]
+    relaunched = ctx.running is None or ctx.running.argv() != launched_as.argv() or not ctx.config.engine.reuse_server
     if relaunched:
         started = await launch(ctx, desired, f"ladder/{step.id}")
         if not started.ready:
             failure = started.failure or Attempt("", "other", started.summary)
             return _failed(spec, step.id, started.summary, failure, relaunched=True)
-    outcome = await _probe(ctx, spec, step, relaunched)
-    if outcome.failure is None:
+    return await _probe(ctx, spec, step, relaunched)
+
+
+async def _confirmed(
+    ctx: RunContext, spec: LadderSpec, step: StepSpec, desired: ServeCommand, on_proxy: StepOutcome
+) -> StepOutcome:
+    """A failure met on a proxy counts only once the real configuration shows it: the same step again, real."""
+    assert on_proxy.failure is not None
+    ctx.ladder_proxies = False
+    try:
+        real = await _tested(ctx, spec, step, desired)
+    finally:
+        ctx.ladder_proxies = True
+    seen, wanted = real.failure, on_proxy.failure
+    if seen is not None and (seen.phase, seen.signature) == (wanted.phase, wanted.signature):
+        return replace(real, detail=f"{real.detail} (met on a proxy, confirmed on the real configuration)")
+    what = f"fails in {seen.phase} ({seen.category})" if seen is not None and seen.phase else "holds"
+    await ctx.artifact(
+        "proxy_abandoned",
+        f"ladder step {step.id} failed on a proxy in {wanted.phase} ({wanted.category}) but {what} on the real "
+        "configuration: the proxy's failure is not evidence",
+    )
+    if real.failure is None:
         ctx.stable = desired
-    return outcome
+    return real
 
 
 async def _probe(ctx: RunContext, spec: LadderSpec, step: StepSpec, relaunched: bool) -> StepOutcome:
@@ -290,7 +322,11 @@ async def _request_failed(
     if error is None:
         said = signature(default_rules(), "request", "request_error", summary)
         return _failed(
-            spec, step, summary, Attempt("request", "request_error", said, foreign=foreign_now(ctx)), relaunched
+            spec,
+            step,
+            summary,
+            Attempt("request", "request_error", said, foreign=foreign_now(ctx), proxy=ctx.running_proxies),
+            relaunched,
         )
     ctx.running = None  # an engine that logged a fatal error is not a server to reuse
     summary = f"failed in {error.phase} ({error.category}): {error.line}"

@@ -14,7 +14,7 @@ from runner.ports import free_port
 from runner.redact import redactor
 from runner.stages.context import Attempt, RunContext
 from runner.stages.log_follower import LogFollower
-from runner.stages.proxies import Proxy, cheaper
+from runner.stages.proxies import Proxy, planned
 from runner.vllm_cli import ServeCommand
 
 POLL_S = 0.25
@@ -63,10 +63,8 @@ async def launch(ctx: RunContext, command: ServeCommand, source: str) -> Launch:
     """
     await release(ctx)
     await _guard_gpu_memory(ctx)
-    used: tuple[Proxy, ...] = ()
-    if ctx.proxy_for is not None:
-        command, used = cheaper(command, ctx.proxy_for)
-        source = f"{source}/proxy" if used else source
+    command, used = planned(ctx, command)
+    source = f"{source}/proxy" if used else source
     host = ctx.config.engine.launch_host
     port = free_port(host)
     launched = command.with_flag("--host", host).with_flag("--port", str(port))

@@ -33,13 +33,16 @@ class LogFollower:
         self._phase: str | None = None
         self._pending: list[str] = []
         self._pending_since = 0.0
-        self._stopping = False
+        self._fed = 0  # lines given to the analyzer (its findings carry the line number)
+        self._stop_line: int | None = None  # lines fed when the runner began to stop the engine
         self._task = asyncio.create_task(self._follow())
 
     def stopping(self) -> None:
         """The runner is stopping the engine: what it logs from now on is the stop's echo (vLLM's shutdown
-        path logs EngineDeadError tracebacks and "EngineCore failed to start."), never a finding."""
-        self._stopping = True
+        path logs EngineDeadError tracebacks and "EngineCore failed to start."), never a finding; an error
+        on a line logged before, that becomes certain only now, still is."""
+        if self._stop_line is None:
+            self._stop_line = self._fed
 
     @property
     def ended(self) -> bool:
@@ -58,6 +61,7 @@ class LogFollower:
                 self._pending.append(text)
                 if len(self._pending) >= CHUNK_LINES:
                     await self._flush()
+                self._fed += 1
                 for finding in self.analyzer.feed(text, at=time.monotonic()):
                     await self._found(finding)
                 if self.analyzer.last_level == "WARNING":
@@ -90,8 +94,8 @@ class LogFollower:
                     phase_reached=pb.PhaseReached(phase=from_id(pb.Phase, finding.phase), line=finding.line)
                 )
             return
-        if self.first_error.done() or self._stopping:
-            return
+        if self.first_error.done() or (self._stop_line is not None and finding.line_no > self._stop_line):
+            return  # a line logged after our stop began is its echo (a finding on an earlier line still counts)
         await self._flush()
         await self._emit(first_error=first_error_message(finding))
         self.first_error.set_result(finding)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
@@ -29,6 +29,7 @@ class Proxy:
     never_categories: frozenset[str]
     never_during: frozenset[str]
     useful_from: str
+    ladder: bool
 
     def preserves(self, failure: Attempt) -> bool:
         """Whether this proxy can show `failure` again, and more cheaply."""
@@ -61,14 +62,24 @@ def proxies() -> tuple[Proxy, ...]:
                 never_categories=frozenset(row.get("never_categories", ())),
                 never_during=frozenset(row.get("never_during", ())),
                 useful_from=row["useful_from"],
+                ladder=bool(row.get("ladder", False)),
             )
         )
     return tuple(found)
 
 
-def cheaper(command: ServeCommand, failure: Attempt) -> tuple[ServeCommand, tuple[Proxy, ...]]:
-    """`command` with every proxy that preserves `failure` and that the command does not set itself."""
-    chosen = tuple(p for p in proxies() if p.preserves(failure) and not command.has(p.flag))
+def planned(ctx: RunContext, command: ServeCommand) -> tuple[ServeCommand, tuple[Proxy, ...]]:
+    """What a launch of `command` runs now: with the proxies that preserve the failure being repeated, or the
+    ladder's proxies once a real launch answered; never a flag the command sets itself."""
+    target = ctx.proxy_for
+    if not ctx.config.engine.proxies:
+        chosen: tuple[Proxy, ...] = ()
+    elif target is not None:
+        chosen = tuple(p for p in proxies() if p.preserves(target) and not command.has(p.flag))
+    elif ctx.ladder_proxies:
+        chosen = tuple(p for p in proxies() if p.ladder and not command.has(p.flag))
+    else:
+        chosen = ()
     for proxy in chosen:
         command = command.with_flag(proxy.flag, proxy.value)
     return command, chosen
@@ -93,7 +104,3 @@ async def repeat(ctx: RunContext, target: Attempt, attempt: Callable[[], Awaitab
             "not the same failure, so it is not evidence; launching the real configuration",
         )
     return await attempt()
-
-
-def labelled(attempt: Attempt, used: tuple[Proxy, ...]) -> Attempt:
-    return replace(attempt, proxy=tuple(p.id for p in used)) if used else attempt

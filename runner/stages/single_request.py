@@ -106,6 +106,7 @@ async def _judge(ctx: RunContext, results: list[pb.RequestResult], repeats: int)
         )
     if len(answered) == repeats:
         ctx.stable = ctx.running
+        ctx.ladder_proxies = not ctx.running_proxies  # the real weights were read and the server answered
         return StageResult(pb.STAGE_STATUS_OK, f"{repeats}/{repeats} answered: {described}")
     failed = next(r for r in results if r.http_status != 200)
     reason = failed.error or f"HTTP {failed.http_status}"
@@ -119,7 +120,9 @@ async def _judge(ctx: RunContext, results: list[pb.RequestResult], repeats: int)
     said = signature(default_rules(), "request", "request_error", reason)
     for result in results:
         if result.http_status != 200:
-            ctx.attempts.append(Attempt("request", "request_error", said, foreign=foreign_now(ctx)))
+            ctx.attempts.append(
+                Attempt("request", "request_error", said, foreign=foreign_now(ctx), proxy=ctx.running_proxies)
+            )
     await ctx.check(pb.CHECKLIST_ID_FIRST_ERROR_SAVED, pb.CHECKLIST_STATE_HOLDS, f"request · request_error · {reason}")
     return StageResult(
         pb.STAGE_STATUS_FAILED, f"{len(answered)}/{len(results)} answered; attempt {failed.attempt}: {reason}"
