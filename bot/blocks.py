@@ -147,7 +147,7 @@ def card(view: RunRecord) -> Message:
         ("Cluster", view.cluster),
         ("Runner", view.host + (f" ({view.runner})" if view.host else "") if view.host else view.runner),
         ("Image", f"`{view.image}`"),
-        ("Digest", f"`{view.digest}`" if view.digest else "not known yet"),
+        ("Digest", f"`{view.digest}`" if view.digest else "none: known by tag only" if view.final else "not known yet"),
         ("Status", f"{mark} {state}"),
         ("Started by", f"<@{view.requested_by}>" if view.requested_by else "-"),
     ]

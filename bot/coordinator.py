@@ -132,7 +132,8 @@ class Coordinator:
         run = await self.store.call(Store.get_run, run_id)
         return await follow_run(self.config, self.store, run["id"], run["runner"], on_event, None, on_reconnect)
 
-    async def cancel(self, run_id: str, requested_by: str, via: str = "cli", place: str = "") -> str:
+    async def cancel(self, run_id: str, requested_by: str, via: str = "cli", place: str = "", by: str = "") -> str:
+        """`by`: how the thread names who cancelled (Slack: a mention); `requested_by` by default."""
         run = await self.store.call(Store.get_run, run_id)
         if run["status"] not in ACTIVE:
             return f"run {run['id']} already ended ({run['status']})"
@@ -140,7 +141,7 @@ class Coordinator:
             try:
                 answer = await pb_grpc.RunnerStub(channel).CancelRun(
                     pb.CancelRunRequest(
-                        run_id=run["id"], requested_by=requested_by, reason=f"cancelled by {requested_by}"
+                        run_id=run["id"], requested_by=requested_by, reason=f"cancelled by {by or requested_by}"
                     ),
                     timeout=self.config.connect_timeout_s + 30,
                 )

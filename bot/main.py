@@ -68,10 +68,15 @@ async def serve(config_file: Path) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with serving(config) as served:
+    async with serving(config, ready=False) as served:
         mode = "Socket Mode and HTTP" if served.bot.settings.app_token else "HTTP"
         log.info("k3repro bot serving (%s) on port %d", mode, served.port)
-        await stop.wait()
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({stopping, served.started}, return_when=asyncio.FIRST_COMPLETED)
+        if served.started.done():
+            served.started.result()  # a start that failed for good (a refused token) ends the bot: one line
+            await stopping
+        stopping.cancel()
     return 0
 
 

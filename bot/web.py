@@ -5,6 +5,7 @@ With an app-level token the same listeners also receive Socket Mode envelopes.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
+from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 
 from bot.config import BotConfig
 from bot.slack import socket_mode
@@ -33,8 +35,9 @@ def web_app(bot: SlackBot) -> web.Application:
         return response
 
     async def healthz(_: web.Request) -> web.Response:
-        ready = bot.app is not None
-        return web.json_response({"ok": ready}, status=200 if ready else 503)
+        if bot.not_ready:
+            return web.json_response({"ok": False, "why": bot.not_ready}, status=503)
+        return web.json_response({"ok": True})
 
     async def metrics(_: web.Request) -> web.Response:
         pending = await bot.store.call(pending_count)
@@ -52,26 +55,37 @@ def web_app(bot: SlackBot) -> web.Application:
 class Served:
     bot: SlackBot
     port: int
+    started: asyncio.Task[None]  # the bot's start (auth.test retried, resume), then Socket Mode
 
 
 @asynccontextmanager
-async def serving(config: BotConfig, port: int | None = None) -> AsyncIterator[Served]:
-    """The bot started, on HTTP at its `listen` address (or `port`), plus Socket Mode when configured."""
+async def serving(config: BotConfig, port: int | None = None, *, ready: bool = True) -> AsyncIterator[Served]:
+    """HTTP at the bot's `listen` address (or `port`) at once, so /healthz can say why the bot is not ready;
+    the bot's start alongside (awaited before yielding when `ready`), then Socket Mode when configured."""
     bot = SlackBot(config)
-    await bot.start()
     runner = web.AppRunner(web_app(bot))
-    socket = None
+    socket: list[AsyncSocketModeHandler] = []
+
+    async def start() -> None:
+        await bot.start()
+        if bot.settings.app_token and bot.app is not None:
+            socket.append(await socket_mode.connect(bot.app, bot.settings.app_token))
+
     try:
         await runner.setup()
         host, _, listen_port = bot.settings.listen.rpartition(":")
         site = web.TCPSite(runner, host or None, int(listen_port) if port is None else port)
         await site.start()
-        bound = int(runner.addresses[0][1])
-        if bot.settings.app_token and bot.app is not None:
-            socket = await socket_mode.connect(bot.app, bot.settings.app_token)
-        yield Served(bot, bound)
+        started = asyncio.get_running_loop().create_task(start(), name="slack bot start")
+        try:
+            if ready:
+                await asyncio.shield(started)
+            yield Served(bot, int(runner.addresses[0][1]), started)
+        finally:
+            started.cancel()
+            await asyncio.gather(started, return_exceptions=True)
     finally:
-        if socket is not None:
-            await socket.close_async()  # type: ignore[no-untyped-call]
+        for handler in socket:
+            await handler.close_async()  # type: ignore[no-untyped-call]
         await runner.cleanup()
         await bot.stop()

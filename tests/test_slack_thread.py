@@ -79,6 +79,12 @@ async def test_a_slash_command_starts_a_run_whose_thread_tells_the_story(
     assert verdict["reply_broadcast"] is True and "Verdict: continue" in block_text(verdict)
     # the card: final status, no Cancel once the run ended; files in the thread, once each
     assert "completed" in parent["text"] and ACTION_CANCEL not in block_text(parent) and parent["updates"] > 0
+    assert "*Digest*\\nnone: known by tag only" in block_text(parent)  # the sim's image has no registry digest
+    verdict_at = next(c.at for c in api.called("chat.postMessage") if c.body.get("reply_broadcast"))
+    completed = [
+        c.at for c in api.called("chat.update") if c.body["ts"] == parent["ts"] and "completed" in c.body["text"]
+    ]
+    assert completed and min(completed) > verdict_at  # the card never says more than the thread shows
     titles = [f["title"] for f in api.files]
     assert {"fingerprint", "minimal_launch log"} <= set(titles) and len(titles) == len(set(titles))
     assert all(f["thread_ts"] == parent["ts"] and f["channel"] == "C-OPS" for f in api.files)
@@ -224,6 +230,7 @@ async def test_a_second_start_points_to_the_active_thread_and_the_cancel_button_
     assert "cancel" in api.called("chat.postEphemeral")[-1].body["text"]
     assert "cancelled" in parent["text"] and ACTION_CANCEL not in block_text(parent)
     assert any("Run cancelled" in block_text(m) for m in api.thread(parent["ts"]) if m.get("reply_broadcast"))
+    assert any("cancelled by <@U-OPS>" in block_text(m) for m in api.thread(parent["ts"]))
     actions = [(a["actor"], a["action"], a["place"]) for a in reversed(Store(tmp_path / "k3.db").audit_entries())]
     assert actions == [("U-OPS", "start", "C-OPS"), ("U-OPS", "cancel", "C-OPS")]
 
@@ -255,7 +262,17 @@ async def test_read_only_commands_answer_ephemerally(certs: DevCerts, tmp_path: 
         await settle(served)
         run_id = Store(tmp_path / "k3.db").runs()[0]["id"]
         answers: dict[str, str] = {}
-        for text in ("help", "", "runs", f"status {run_id[:15]}", "status", "runners", "runners cluster-a", "baseline"):
+        texts = (
+            "help",
+            "",
+            "runs",
+            f"status {run_id[:15]}",
+            "status",
+            "status nosuchrun",
+            "runners",
+            "runners cluster-a",
+        )
+        for text in (*texts, "baseline"):
             before = len(api.called("chat.postEphemeral"))
             body = command_body(text, user="U-SOMEONE", channel="C-ELSEWHERE")
             status, ack = await post(served, body, signed(body))
@@ -263,6 +280,10 @@ async def test_read_only_commands_answer_ephemerally(certs: DevCerts, tmp_path: 
             after = api.called("chat.postEphemeral")
             answers[text] = json.loads(ack)["text"] if ack else after[-1].body["text"]
             assert status == 200 and len(after) == before + (0 if ack else 1), text
+        body = command_body("runners")  # an operator of cluster-a, anywhere
+        await post(served, body, signed(body))
+        await served.bot.idle()
+        operator_runners = api.called("chat.postEphemeral")[-1].body["text"]
         async with aiohttp.ClientSession() as session:
             async with session.get(f"http://127.0.0.1:{served.port}/healthz") as response:
                 assert response.status == 200
@@ -272,8 +293,13 @@ async def test_read_only_commands_answer_ephemerally(certs: DevCerts, tmp_path: 
     assert run_id in answers["runs"] and "completed" in answers["runs"]
     assert run_id in answers[f"status {run_id[:15]}"] and "/archives/C-OPS/p" in answers[f"status {run_id[:15]}"]
     assert answers["status"].startswith("no run is active")
+    assert answers["status nosuchrun"] == "⛔ no run 'nosuchrun'"
     assert "gpu-test" in answers["runners"] and "idle" in answers["runners"]
     assert answers["runners cluster-a"] == answers["runners"]
+    assert (
+        "127.0.0.1" not in answers["runners"] and "addresses are shown to the cluster's operators" in answers["runners"]
+    )
+    assert "127.0.0.1:" in operator_runners and "addresses are shown" not in operator_runners
     assert answers["baseline"].startswith("*baseline kimi-k3*") and "`host_driver_r580`" in answers["baseline"]
     assert 'k3repro_slack_writes_total{method="chat.postMessage",outcome="sent"}' in metrics
     assert "k3repro_slack_outbox_pending 0" in metrics
@@ -321,8 +347,14 @@ operators = ["U-OPS"]
         assert line, "k3repro-bot exited before serving"
         if match := re.search(r"serving \(HTTP\) on port (\d+)", line):
             port = int(match.group(1))
-    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/healthz") as response:
-        assert response.status == 200
+    async with aiohttp.ClientSession() as session:  # HTTP is up at once; ready once Slack said who the bot is
+        for _ in range(600):
+            async with session.get(f"http://127.0.0.1:{port}/healthz") as response:
+                health = (response.status, await response.json())
+            if health[0] == 200:
+                break
+            await asyncio.sleep(0.05)
+        assert health == (200, {"ok": True})
     process.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(process.wait(), 20) == 0
     assert [c.method for c in api.calls] == ["auth.test"]

@@ -55,6 +55,14 @@ class Access:
         if not decided:
             raise Refused(f"<@{user}> is not an operator of cluster {cluster.name}; ask one of its operators")
 
+    async def is_operator(self, cluster: ClusterConfig, user: str) -> bool:
+        """check_operator as a yes/no: a user-group lookup that fails counts as no."""
+        try:
+            await self.check_operator(cluster, user)
+        except Refused:
+            return False
+        return True
+
     @staticmethod
     def _group_ids(cluster: ClusterConfig) -> list[str]:
         return [ident for ident in cluster.operators if ident.startswith("S")]

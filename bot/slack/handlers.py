@@ -118,7 +118,7 @@ class Handlers:
         try:
             answer = await work(request, **request.command.args)
         except (Refused, RunNotFound) as exc:
-            answer = f"⛔ {str(exc).strip(chr(39) + chr(34))}"
+            answer = f"⛔ {exc}"
         except Exception:
             reference = uuid.uuid4().hex[:12]
             log.exception("request %s (%s) failed; reference %s", request.id, request.command.name, reference)
@@ -166,7 +166,9 @@ class Handlers:
     async def _do_cancel(self, request: Request, run: str) -> str:
         found = await self.store.call(Store.get_run, run)
         await self._operator(request, found["cluster"])
-        return await self.core.cancel(found["id"], request.user, "slack", place=request.channel)
+        return await self.core.cancel(
+            found["id"], request.user, "slack", place=request.channel, by=f"<@{request.user}>"
+        )
 
     async def _do_rerun(self, request: Request, run: str, where: str) -> str:
         found = await self.store.call(Store.get_run, run)
@@ -174,15 +176,22 @@ class Handlers:
         return await self.threads.rerun(found["id"], request.user, request.channel)
 
     async def _do_runners(self, request: Request, cluster: str = "") -> str:
+        """Anyone sees each runner's name, backend and whether it is busy; its address, host name and why it
+        cannot be reached (which names the address) only the cluster's operators do: where the GPU hosts
+        listen is not for every channel member."""
         states = await self.core.runners(cluster or None)
+        operates = {name: await self.access.is_operator(self.access.cluster(name), request.user) for name, _ in states}
         lines = []
         for name, state in states:
-            d = state.description
+            d, where = state.description, f" `{state.address}`" if operates[name] else ""
             if d is None:
-                lines.append(f"• {name} `{state.address}` unreachable: {state.error}")
+                lines.append(f"• {name}{where} unreachable" + (f": {state.error}" if operates[name] else ""))
             else:
                 doing = f"busy: {', '.join(d.active_run_ids)}" if d.active_run_ids else "idle"
-                lines.append(f"• {name} `{state.address}` {d.name} ({d.hostname}) {d.backend} {doing}")
+                host = f" ({d.hostname})" if operates[name] else ""
+                lines.append(f"• {name}{where} {d.name}{host} {d.backend} {doing}")
+        if lines and not all(operates.values()):
+            lines.append("_addresses are shown to the cluster's operators_")
         return "\n".join(lines) or "no runners configured"
 
     async def _do_baseline(self, request: Request, profile: str = "") -> str:

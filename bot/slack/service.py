@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Any
 
+import aiohttp
 from slack_bolt.app.async_app import AsyncApp
+from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.config import BotConfig, SlackConfig
@@ -13,12 +17,22 @@ from bot.slack.access import Access
 from bot.slack.app import build_app
 from bot.slack.handlers import Handlers
 from bot.slack.metrics import Metrics
-from bot.slack.outbox import Outbox
+from bot.slack.outbox import Outbox, slack_error
 from bot.slack.threads import Threads
 from bot.store import AsyncStore
 from runner.toml_reader import ConfigError
 
 log = logging.getLogger("k3repro.slack")
+
+START_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+TOKEN_ERRORS = {
+    "invalid_auth",
+    "not_authed",
+    "token_revoked",
+    "token_expired",
+    "account_inactive",
+    "not_allowed_token_type",
+}
 
 
 class SlackBot:
@@ -41,14 +55,38 @@ class SlackBot:
             self.core, Access(config, self.client), self.threads, self.outbox, self.metrics, self.settings.command
         )
         self.app: AsyncApp | None = None
+        self.not_ready = "starting: asking Slack who the bot is (auth.test)"  # what /healthz says until ready
 
     async def start(self) -> None:
-        """Learns who the bot is, resumes pending Slack writes, then the runs the store holds as active."""
-        identity = await self.client.auth_test()
-        self.app = build_app(self.settings, dict(identity.data), self.handlers)  # type: ignore[arg-type]
+        """Learns who the bot is (retried while Slack cannot be reached), resumes pending Slack writes, then
+        the runs the store holds as active. A token Slack refuses is a ConfigError: one line, no retry."""
+        identity = await self._identity()
+        self.app = build_app(self.settings, identity, self.handlers)
         await self.outbox.start()
         resumed = await self.threads.resume_all()
+        self.not_ready = ""
         log.info("Slack bot %s started; %d active run(s) resumed", identity.get("user_id"), resumed)
+
+    async def _identity(self) -> dict[str, Any]:
+        attempt = 0
+        while True:
+            try:
+                return dict((await self.client.auth_test()).data)  # type: ignore[arg-type]
+            except SlackApiError as exc:
+                error = slack_error(exc)
+                if error in TOKEN_ERRORS:
+                    raise ConfigError(
+                        f"Slack refused the bot token ({error}): set [slack] bot_token or $SLACK_BOT_TOKEN"
+                        " to the app's Bot User OAuth Token (xoxb-…)"
+                    ) from None
+                problem = f"Slack answered auth.test with {error}"
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                problem = f"Slack unreachable at {self.settings.api_url} ({_one_line(exc)})"
+            delay = START_BACKOFF_S[min(attempt, len(START_BACKOFF_S) - 1)]
+            self.not_ready = f"{problem}; retrying in {delay:g} s"
+            log.warning("%s", self.not_ready)
+            await asyncio.sleep(delay)
+            attempt += 1
 
     async def idle(self) -> None:
         """Until every request, followed run and Slack write in hand is done (benchmarks, tests)."""
@@ -62,3 +100,8 @@ class SlackBot:
         await self.threads.close()
         await self.outbox.close()
         self.store.close()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
