@@ -1,11 +1,13 @@
-"""Launches and simulated GPU-minutes to a verdict, for every shipped scenario, against a naive plan.
+"""Launches and simulated GPU-minutes to a verdict, for every shipped scenario: the proxy plan, today's plan
+without proxies, and a naive plan.
 
 Each scenario runs the way `k3repro demo --scenario NAME --json` runs it (its [deployment] on the sim
-backend). The naive plan is the same method without reuse: every ladder step that was tested relaunches
-the engine, and each step is launched on its own. Both come from the same run (the naive figures are derived
-from what the run tested). Two cost models:
+backend), twice: as the method ships (proxy launches, runner/data/proxies.toml) and with `[engine] proxies =
+false`. The naive plan is the method without reuse or proxies: every ladder step that was tested relaunches the
+engine, and each step is launched on its own; its figures are derived from the no-proxy run. Two cost models:
 - per launch: one full load of a 1T-parameter model takes LOAD_MINUTES on the node's GPUS GPUs, whatever
-  happens to the launch;
+  happens to the launch; a proxy launch costs that scaled by its own measured start-up against the run's full
+  launches' (the simulator loads dummy weights in its scenario's weight_load_dummy seconds);
 - measured: the simulated seconds each engine of the run was alive (first to last line of its log, the stop
   included), times GPUS. The naive plan's extra launches each cost a full start-up of the scenario's model
   (a launch the baseline prevented: its gpu_detect phase), and its hangs last until vLLM's own start-up
@@ -23,6 +25,7 @@ import tempfile
 from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from bot.commands.demo import demo
 from bot.store import Store
@@ -38,33 +41,61 @@ VLLM_READY_TIMEOUT_S = 600.0  # what vLLM itself waits for its engine to come up
 STAMP = re.compile(r" (\d\d-\d\d \d\d:\d\d:\d\d) \[")
 
 
-async def measure(scenario: str, workdir: Path) -> dict[str, float]:
+async def run(scenario: str, workdir: Path, proxies: bool) -> tuple[dict[str, Any], list[pb.RunEvent]]:
     path = scenario_path(scenario)
-    report = await demo(workdir, path, SPEED, logs=False, out=io.StringIO())
+    report = await demo(workdir, path, SPEED, logs=False, out=io.StringIO(), engine_settings={"proxies": proxies})
     store = Store(workdir / "k3repro.db")
     events = store.events(report["run_id"])
     store.close()
-    tested = [step for step in report["ladder"] if step["outcome"] != "not_applicable"]
-    repeats = report["launches"] - 1 - sum(step["relaunched"] for step in report["ladder"])
+    return report, events
+
+
+async def measure(scenario: str, workdir: Path) -> dict[str, Any]:
+    report, events = await run(scenario, workdir / "proxies", proxies=True)
+    today, today_events = await run(scenario, workdir / "today", proxies=False)
+    tested = [step for step in today["ladder"] if step["outcome"] != "not_applicable"]
+    repeats = today["launches"] - 1 - sum(step["relaunched"] for step in today["ladder"])
     naive = 1 + len(tested) + max(repeats, 0)  # without the baseline check, a naive plan launches at least once
-    alive = _alive_seconds(events)
-    hangs = sum(1 for e in events if e.HasField("first_error") and e.first_error.line.startswith("hang:"))
-    timings = load_scenario(str(path), catalog().phases()).timings
+    alive = _alive_by_launch(today_events)
+    hangs = sum(1 for e in today_events if e.HasField("first_error") and e.first_error.line.startswith("hang:"))
+    timings = load_scenario(str(scenario_path(scenario)), catalog().phases()).timings
     full_load = timings.gpu_detect + timings.weight_load + timings.engine_init + timings.api_listen
-    if report["launches"]:
-        naive_alive = alive + hangs * (VLLM_READY_TIMEOUT_S - STALL_S) + (naive - report["launches"]) * full_load
+    if today["launches"]:
+        naive_alive = (
+            sum(alive.values()) + hangs * (VLLM_READY_TIMEOUT_S - STALL_S) + (naive - today["launches"]) * full_load
+        )
     else:  # the baseline stopped the run: a naive launch would have failed initialising CUDA
         naive_alive = timings.gpu_detect
+    proxy_alive = _alive_by_launch(events)
+    full = [t for source, t in proxy_alive.items() if not source.endswith("/proxy")]
+    proxy = [t for source, t in proxy_alive.items() if source.endswith("/proxy")]
+    per_full = max(full) if full else 0.0  # a proxy costs its measured start-up against a full one's
+    proxy_launches = len(full) + sum(t / per_full for t in proxy) if per_full else float(len(proxy_alive))
+    same = (report["decision"], report["trigger_step"], _first(report)) == (
+        today["decision"],
+        today["trigger_step"],
+        _first(today),
+    )
     return {
         "decision": report["decision"] or "-",
+        "same": "yes" if same else "NO",
         "launches": report["launches"],
+        "proxy_share": len(proxy),
+        "weighted": proxy_launches,
+        "today": today["launches"],
         "naive": naive,
-        "minutes": alive * GPUS / 60,
+        "minutes": sum(proxy_alive.values()) * GPUS / 60,
+        "today_minutes": sum(alive.values()) * GPUS / 60,
         "naive_minutes": naive_alive * GPUS / 60,
     }
 
 
-def _alive_seconds(events: list[pb.RunEvent]) -> float:
+def _first(report: dict[str, Any]) -> tuple[str, str] | None:
+    error = report["first_error"]
+    return (error["phase"], error["category"]) if error else None
+
+
+def _alive_by_launch(events: list[pb.RunEvent]) -> dict[str, float]:
     """Per launch (one log source each), the simulated time from its first logged line to its last."""
     stamps: dict[str, list[datetime]] = defaultdict(list)
     for event in events:
@@ -74,32 +105,44 @@ def _alive_seconds(events: list[pb.RunEvent]) -> float:
                     stamps[event.log_chunk.source].append(
                         datetime.strptime(f"{found.group(1)} +0000", "%m-%d %H:%M:%S %z")
                     )
-    return sum((max(s) - min(s)).total_seconds() for s in stamps.values())
+    return {source: (max(s) - min(s)).total_seconds() for source, s in stamps.items()}
 
 
 def main() -> None:
     print(
-        f"| scenario | decision | launches | naive plan | GPU-minutes, {LOAD_MINUTES} min a launch | naive "
-        f"| ratio | GPU-minutes measured | naive | ratio |"
+        "| scenario | decision | same decision, trigger, first error | launches (proxies) | without proxies | naive "
+        f"| GPU-minutes, {LOAD_MINUTES} min a full load | without proxies | naive | ratio to without "
+        "| GPU-minutes measured | without proxies | naive | ratio to without |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    totals = defaultdict(float)
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    totals: dict[str, float] = defaultdict(float)
     for scenario in builtin_scenarios():
         with tempfile.TemporaryDirectory() as tmp:
             row = asyncio.run(measure(scenario, Path(tmp)))
-        for key in ("launches", "naive", "minutes", "naive_minutes"):
+        for key in (
+            "launches",
+            "proxy_share",
+            "weighted",
+            "today",
+            "naive",
+            "minutes",
+            "today_minutes",
+            "naive_minutes",
+        ):
             totals[key] += float(row[key])
-        print(f"| {scenario} | {row['decision']} | " + _figures(row))
-    print("| all | | " + _figures(totals))
+        print(f"| {scenario} | {row['decision']} | {row['same']} | " + _figures(row))
+    print("| all | | | " + _figures(totals))
 
 
-def _figures(row: dict[str, float]) -> str:
-    launches, naive = int(row["launches"]), int(row["naive"])
-    per, naive_per = launches * LOAD_MINUTES * GPUS, naive * LOAD_MINUTES * GPUS
-    measured, naive_measured = row["minutes"], row["naive_minutes"]
+def _figures(row: dict[str, Any]) -> str:
+    per = row["weighted"] * LOAD_MINUTES * GPUS
+    today, naive = int(row["today"]) * LOAD_MINUTES * GPUS, int(row["naive"]) * LOAD_MINUTES * GPUS
+    measured, today_measured, naive_measured = row["minutes"], row["today_minutes"], row["naive_minutes"]
     return (
-        f"{launches} | {naive} | {per:,} | {naive_per:,} | {per / naive_per:.2f} | "
-        f"{measured:,.0f} | {naive_measured:,.0f} | {measured / naive_measured if naive_measured else 0:.2f} |"
+        f"{int(row['launches'])} ({int(row['proxy_share'])}) | {int(row['today'])} | {int(row['naive'])} | "
+        f"{per:,.0f} | {today:,} | {naive:,} | {per / today if today else 0:.2f} | "
+        f"{measured:,.0f} | {today_measured:,.0f} | {naive_measured:,.0f} | "
+        f"{measured / today_measured if today_measured else 0:.2f} |"
     )
 
 

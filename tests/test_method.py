@@ -89,8 +89,9 @@ async def test_prefix_caching_crash_is_found_by_its_ladder_step(certs: DevCerts,
     assert finished.decision == pb.DECISION_CONTINUE
     assert "container_gpu_view_recorded" in finished.reasons[0]  # the sim host has no nvidia-smi in a container
     report = run_report("r", events)
-    # minimal, prefix_caching, long_input (back to stable), max_model_len, tools, and the repeat of the trigger
-    assert (report["trigger_step"], report["candidates"], report["launches"]) == ("prefix_caching", [], 6)
+    # minimal; prefix_caching on dummy weights and its confirmation on the real configuration; long_input (back
+    # to stable), max_model_len and tools on dummy weights; the repeat of the trigger on a proxy
+    assert (report["trigger_step"], report["candidates"], report["launches"]) == ("prefix_caching", [], 7)
     assert report["first_error"]["phase"] == "request" and "illegal memory access" in report["first_error"]["line"]
     assert report["checklist"]["failure_repeated"] is True
 
@@ -240,11 +241,16 @@ async def test_the_trigger_step_is_repeated_on_a_proxy_that_shows_the_same_failu
     certs: DevCerts, tmp_path: Path
 ) -> None:
     events = await _run(certs, tmp_path, "prefix-cache-crash")
-    sources = [e.log_chunk.source for e in events if e.HasField("log_chunk")]
-    assert "ladder/prefix_caching/proxy" in sources  # the deployment's --load-format stays: fewer layers, eager
-    proxy = next(e.artifact.content for e in events if e.artifact.name == "proxy_launch")
-    assert proxy.startswith("ladder/prefix_caching/proxy: fewer_layers + eager (no all but one of the model's")
+    sources = list(dict.fromkeys(e.log_chunk.source for e in events if e.HasField("log_chunk")))
+    assert sources[:3] == ["minimal_launch", "ladder/prefix_caching/proxy", "ladder/prefix_caching"]
+    notes = [e.artifact.content for e in events if e.artifact.name == "proxy_launch"]
+    assert all(n.startswith("ladder/") for n in notes) and "/max_model_len/proxy: dummy_weights (" in notes[2]
+    # the deployment's own --load-format gives way to dummy weights; the repeat adds fewer layers and eager
+    assert notes[-1].startswith("ladder/prefix_caching/proxy: dummy_weights + fewer_layers + eager (no reading")
+    assert "--load-format dummy" in notes[-1] and "fastsafetensors" not in notes[-1]
     assert not any(e.artifact.name == "proxy_abandoned" for e in events)
+    step = next(e.ladder_step for e in events if e.ladder_step.step == pb.LADDER_STEP_ID_PREFIX_CACHING)
+    assert step.detail.endswith("(met on a proxy, confirmed on the real configuration)")
     report = run_report("r", events)
     assert report["trigger_step"] == "prefix_caching" and report["checklist"]["failure_repeated"]
 
@@ -264,7 +270,7 @@ async def test_a_proxy_that_does_not_reproduce_the_failure_is_abandoned_for_the_
     abandoned = next(e.artifact.content for e in events if e.artifact.name == "proxy_abandoned")
     assert abandoned.startswith("the proxy launch did not fail where the real one failed in request")
     report = run_report("r", events)
-    assert report["launches"] == 7 and report["checklist"]["failure_repeated"]  # one proxy more than without
+    assert report["launches"] == 8 and report["checklist"]["failure_repeated"]  # the abandoned proxy, one more
 
 
 async def test_a_weight_load_failure_is_never_repeated_on_a_proxy(certs: DevCerts, tmp_path: Path) -> None:

@@ -69,7 +69,13 @@ def data_file() -> dict[str, Any]:
 
 
 async def demo(
-    workdir: Path, scenario: Path, speed: float | None, logs: bool, out: TextIO, launch: str | None = None
+    workdir: Path,
+    scenario: Path,
+    speed: float | None,
+    logs: bool,
+    out: TextIO,
+    launch: str | None = None,
+    engine_settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Runs the whole method on the scenario's deployment (or on a real vLLM's `launch`); returns the run report."""
     try:
@@ -100,6 +106,7 @@ async def demo(
         cluster["request"]["api"], cluster["request"]["body"] = deployment.api, dict(deployment.request)
     if launch is not None:
         _on_this_host(data, launch)
+    runner_data["engine"].update(engine_settings or {})  # the bench's plans ([engine] keys of runner.toml)
     daemon = RunnerDaemon(parse_runner_config(runner_data, base=workdir, origin="demo runner"))
     port = await daemon.start()
     try:

@@ -164,11 +164,8 @@ async def _confirmed(
 ) -> StepOutcome:
     """A failure met on a proxy counts only once the real configuration shows it: the same step again, real."""
     assert on_proxy.failure is not None
-    ctx.ladder_proxies = False
-    try:
+    with proxies.real_only(ctx):
         real = await _tested(ctx, spec, step, desired)
-    finally:
-        ctx.ladder_proxies = True
     seen, wanted = real.failure, on_proxy.failure
     if seen is not None and (seen.phase, seen.signature) == (wanted.phase, wanted.signature):
         return replace(real, detail=f"{real.detail} (met on a proxy, confirmed on the real configuration)")

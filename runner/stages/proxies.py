@@ -8,8 +8,9 @@ otherwise it is reported, abandoned and the real launch made: a proxy is never t
 
 from __future__ import annotations
 
+import contextlib
 import tomllib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -30,6 +31,11 @@ class Proxy:
     never_during: frozenset[str]
     useful_from: str
     ladder: bool
+    replaces: bool
+
+    def fits(self, command: ServeCommand) -> bool:
+        """Whether the proxy can be added to `command` without dropping a value the deployment chose."""
+        return self.replaces or not command.has(self.flag)
 
     def preserves(self, failure: Attempt) -> bool:
         """Whether this proxy can show `failure` again, and more cheaply."""
@@ -63,6 +69,7 @@ def proxies() -> tuple[Proxy, ...]:
                 never_during=frozenset(row.get("never_during", ())),
                 useful_from=row["useful_from"],
                 ladder=bool(row.get("ladder", False)),
+                replaces=bool(row.get("replaces", False)),
             )
         )
     return tuple(found)
@@ -70,14 +77,15 @@ def proxies() -> tuple[Proxy, ...]:
 
 def planned(ctx: RunContext, command: ServeCommand) -> tuple[ServeCommand, tuple[Proxy, ...]]:
     """What a launch of `command` runs now: with the proxies that preserve the failure being repeated, or the
-    ladder's proxies once a real launch answered; never a flag the command sets itself."""
+    ladder's proxies once a real launch answered; never dropping a value the deployment chose (unless the
+    proxy replaces it)."""
     target = ctx.proxy_for
     if not ctx.config.engine.proxies:
         chosen: tuple[Proxy, ...] = ()
     elif target is not None:
-        chosen = tuple(p for p in proxies() if p.preserves(target) and not command.has(p.flag))
+        chosen = tuple(p for p in proxies() if p.preserves(target) and p.fits(command))
     elif ctx.ladder_proxies:
-        chosen = tuple(p for p in proxies() if p.ladder and not command.has(p.flag))
+        chosen = tuple(p for p in proxies() if p.ladder and p.fits(command))
     else:
         chosen = ()
     for proxy in chosen:
@@ -103,4 +111,15 @@ async def repeat(ctx: RunContext, target: Attempt, attempt: Callable[[], Awaitab
             f"the proxy launch {seen} where the real one failed in {target.phase} ({target.category}): "
             "not the same failure, so it is not evidence; launching the real configuration",
         )
-    return await attempt()
+    with real_only(ctx):
+        return await attempt()
+
+
+@contextlib.contextmanager
+def real_only(ctx: RunContext) -> Iterator[None]:
+    """Launches in this block run the real configuration (a confirmation, or a repeat no proxy may stand in for)."""
+    before, ctx.ladder_proxies = ctx.ladder_proxies, False
+    try:
+        yield
+    finally:
+        ctx.ladder_proxies = before
