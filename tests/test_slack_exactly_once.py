@@ -160,3 +160,14 @@ async def test_every_method_limited_slow_and_dying_the_thread_is_complete_once(
     parent = parent_of(api)
     assert parent is not None and (run["channel"], run["thread_ts"]) == ("C-OPS", parent["ts"])
     assert api.called("chat.update", 429) and api.called("conversations.replies", 429) is not None
+
+
+async def test_a_look_up_slack_refuses_for_good_means_posting_again_not_losing(tmp_path: Path, api: SlackApi) -> None:
+    async with outbox_on(tmp_path, api, post_interval_s=0) as outbox:
+        await outbox.put(card())
+        await outbox.idle()
+        api.fail("chat.postMessage", DIE, times=1)
+        api.fail("conversations.replies", 400, times=None)  # e.g. an app without the channels:history scope
+        await outbox.put(reply("R1:a", "a"))
+        await outbox.idle()
+    assert [m["text"] for m in api.posted()] == ["card", "a", "a"]  # at least once, when once cannot be known

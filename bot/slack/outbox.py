@@ -241,7 +241,7 @@ class Outbox:
         if write.method == "chat.postMessage":
             meta = args.get("metadata") or {"event_type": WRITE_EVENT, "event_payload": {}}
             args["metadata"] = {**meta, "event_payload": {**meta["event_payload"], KEY_FIELD: write.key}}
-            if _may_have_landed(row) and (found := await _asking(self._find(row, write, args))):
+            if _may_have_landed(row) and (found := await _asking(self._find(row, write, args), None)):
                 log.info("Slack message %s was already posted (ts %s); not posted again", write.key, found["ts"])
                 return found
         answer = await self.client.api_call(write.method, json=args)
@@ -282,7 +282,11 @@ class Outbox:
                     raise aiohttp.ClientResponseError(response.request_info, (), status=response.status)
             extra.update(uploaded=True)
             await self.store.call(_progress, row, extra)
-        if extra.get("completing") and _may_have_landed(row) and await _asking(self._shared(extra["file_id"], args)):
+        if (
+            extra.get("completing")
+            and _may_have_landed(row)
+            and await _asking(self._shared(extra["file_id"], args), False)
+        ):
             log.info("Slack file %s was already shared; not completed again", write.key)
             return {"file_id": extra["file_id"]}
         extra.update(completing=True)
@@ -311,10 +315,16 @@ def slack_error(exc: SlackApiError) -> str:
     )
 
 
-async def _asking(lookup: Awaitable[T]) -> T:
+async def _asking(lookup: Awaitable[T], refused: T) -> T:
+    """The lookup's answer; `refused` (as if not found: the write goes out again) when Slack refuses the lookup
+    itself for good, e.g. an app without the history or files:read scope: at least once, never lost."""
     try:
         return await lookup
     except SlackApiError as exc:
+        status = exc.response.status_code
+        if status != 429 and status < 500:
+            log.warning("Slack refused the look-up for an earlier attempt (%s); writing again", slack_error(exc))
+            return refused
         raise LookupFailed(slack_error(exc)) from exc
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         raise LookupFailed(type(exc).__name__) from exc

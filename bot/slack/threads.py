@@ -39,7 +39,7 @@ class Threads:
         self.store: AsyncStore = core.store
         self.outbox = outbox
         self._tasks = TaskSet()
-        self._shown: dict[str, str] = {}  # run id -> key of its latest thread message: what card and checklist wait for
+        self._shown: dict[str, str] = {}  # run id -> key of its latest thread message: final states wait for it
         self._queued: dict[
             str, dict[str, Any]
         ] = {}  # update key -> the state last queued (an unchanged one is skipped)
@@ -206,8 +206,8 @@ class Threads:
 
     async def _refresh(self, view: RunRecord, channel: str) -> None:
         """The latest card and checklist, each in its own slot (the outbox keeps only the newest of each until
-        it is sent), sent only once the thread shows the message their state comes from (the verdict before a
-        "completed" card); a state equal to the one already queued is not queued again."""
+        it is sent); a final state goes out only once the thread shows the run's last message (no "completed"
+        card before the verdict is in Slack); a state equal to the one already queued is not queued again."""
         card, checklist = blocks.card(view), blocks.checklist(view)
         for name, message, extra in (
             ("card", card, {"metadata": blocks.metadata(view)}),
@@ -218,7 +218,7 @@ class Threads:
                 continue
             self._queued[key] = args
             target = "parent_ts" if name == "card" else "checklist_ts"
-            after = self._shown.get(view.run_id, "")
+            after = self._shown.get(view.run_id, "") if view.final else ""
             await self.outbox.put(Write(key, "chat.update", args, view.run_id, target=target, after=after))
         if view.final:
             self._forget(view.run_id)
