@@ -65,7 +65,7 @@ def _thread_figures(api: SlackApi, decided: int) -> str:
     )
     return (
         f"updates: card {updates[parent['ts']]}, checklist {updates[checklist['ts']]} for {decided} items decided;"
-        f" card 'completed' {final - verdict:+.1f} s after the verdict was posted"
+        f" card 'completed' {(final - verdict) * 1000:+.0f} ms after the verdict post's call"
     )
 
 
