@@ -30,9 +30,13 @@ class LaunchSpan:
     failure: tuple[float, str, str] | None = None  # (at, phase, category) of its first error
     signature: str = ""
     steps: list[tuple[float, str, str]] = field(default_factory=list)  # (at, ladder step, outcome)
+    source: str = ""  # its log's source, which names the launch ("ladder/prefix_caching/repeat-2/proxy")
 
     @property
     def label(self) -> str:
+        if self.source:
+            name = self.source.removesuffix("/proxy")
+            return name.replace("/", ": ", 1) if name.startswith("ladder/") else name
         if self.stage != "ladder":
             return self.stage
         relaunched = next((step for _, step, _ in self.steps), "")
@@ -81,6 +85,8 @@ def launches(events: Iterable[pb.RunEvent]) -> list[LaunchSpan]:
             current.failure, current.signature = (at, phase, category), error.signature
             if not current.phases:
                 current.phases.append((phase, at))
+        elif kind == "log_chunk" and current is not None and not current.source:
+            current.source = event.log_chunk.source  # a launch's log is sent after its first phase is reached
         elif kind == "ladder_step" and current is not None:
             step = event.ladder_step
             if step.outcome != pb.LADDER_OUTCOME_NOT_APPLICABLE:

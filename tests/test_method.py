@@ -242,11 +242,12 @@ async def test_the_trigger_step_is_repeated_on_a_proxy_that_shows_the_same_failu
 ) -> None:
     events = await _run(certs, tmp_path, "prefix-cache-crash")
     sources = list(dict.fromkeys(e.log_chunk.source for e in events if e.HasField("log_chunk")))
-    assert sources[:3] == ["minimal_launch", "ladder/prefix_caching/proxy", "ladder/prefix_caching"]
+    assert sources[:3] == ["minimal_launch", "ladder/prefix_caching/proxy", "ladder/prefix_caching/confirm"]
+    assert sources[-1] == "ladder/prefix_caching/repeat-2/proxy"
     notes = [e.artifact.content for e in events if e.artifact.name == "proxy_launch"]
     assert all(n.startswith("ladder/") for n in notes) and "/max_model_len/proxy: dummy_weights (" in notes[2]
     # the deployment's own --load-format gives way to dummy weights; the repeat adds fewer layers and eager
-    assert notes[-1].startswith("ladder/prefix_caching/proxy: dummy_weights + fewer_layers + eager (no reading")
+    assert notes[-1].startswith("ladder/prefix_caching/repeat-2/proxy: dummy_weights + fewer_layers + eager (no")
     assert "--load-format dummy" in notes[-1] and "fastsafetensors" not in notes[-1]
     assert not any(e.artifact.name == "proxy_abandoned" for e in events)
     step = next(e.ladder_step for e in events if e.ladder_step.step == pb.LADDER_STEP_ID_PREFIX_CACHING)
@@ -266,7 +267,7 @@ async def test_a_proxy_that_does_not_reproduce_the_failure_is_abandoned_for_the_
     )
     events = await _run(certs, tmp_path, str(scenario))
     sources = {e.log_chunk.source for e in events if e.HasField("log_chunk")}
-    assert {"ladder/prefix_caching/proxy", "ladder/prefix_caching"} <= sources
+    assert {"ladder/prefix_caching/repeat-2/proxy", "ladder/prefix_caching/repeat-2"} <= sources
     abandoned = next(e.artifact.content for e in events if e.artifact.name == "proxy_abandoned")
     assert abandoned.startswith("the proxy launch did not fail where the real one failed in request")
     report = run_report("r", events)

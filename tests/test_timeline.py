@@ -36,22 +36,24 @@ async def test_a_ladder_run_is_drawn_one_bar_per_launch(
     run_id = await _run(certs, tmp_path, "prefix-cache-crash")
     picture = tmp_path / "timeline.png"
     assert main(["--config", str(tmp_path / "k3.toml"), "show", run_id, "--timeline", str(picture)]) == 0
-    assert capsys.readouterr().err == f"timeline of 6 launch(es) written to {picture}\n"
+    assert capsys.readouterr().err == f"timeline of 7 launch(es) written to {picture}\n"
     height, width, _ = imread(picture).shape
     assert width > 1000 and height > 400
     bars = launches(Store(tmp_path / "k3.db").events(run_id))
-    assert [bar.label for bar in bars] == [
-        "minimal_launch",
-        "ladder: prefix_caching",
-        "ladder: long_input",
-        "ladder: max_model_len",  # concurrency reuses its server
-        "ladder: tools_structured_output",
-        "ladder: trigger step repeated",
+    assert [(bar.label, bar.proxy) for bar in bars] == [
+        ("minimal_launch", False),
+        ("ladder: prefix_caching", True),  # on dummy weights, then confirmed on the real configuration
+        ("ladder: prefix_caching/confirm", False),
+        ("ladder: long_input", True),
+        ("ladder: max_model_len", True),  # concurrency reuses its server
+        ("ladder: tools_structured_output", True),
+        ("ladder: prefix_caching/repeat-2", True),
     ]
+    request = ("request", "request_error")
     assert [bar.failure[1:] if bar.failure else None for bar in bars] == [
-        None, ("request", "request_error"), None, None, None, ("request", "request_error"),
+        None, request, request, None, None, None, request,
     ]  # fmt: skip
-    assert [step for _, step, _ in bars[3].steps] == ["max_model_len", "concurrency"]
+    assert [step for _, step, _ in bars[4].steps] == ["max_model_len", "concurrency"]
     for bar in bars:  # every launch went through the phases in order, on a time line that only goes forward
         assert [phase for phase, _ in bar.phases] == [
             "gpu_detect",
@@ -69,7 +71,7 @@ async def test_a_repeated_start_up_failure_is_two_bars_each_marked(certs: DevCer
     bars = launches(Store(tmp_path / "k3.db").events(run_id))
     assert [(bar.label, bar.failure[1:] if bar.failure else None) for bar in bars] == [
         ("minimal_launch", ("gpu_detect", "nccl_comm")),
-        ("minimal_launch", ("gpu_detect", "nccl_comm")),
+        ("minimal_launch/attempt-2", ("gpu_detect", "nccl_comm")),
     ]
     assert (
         main(["--config", str(tmp_path / "k3.toml"), "show", run_id, "--timeline", str(tmp_path / "no" / "x.png")]) == 2

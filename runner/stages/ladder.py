@@ -121,7 +121,7 @@ def _relate(ctx: RunContext, outcome: StepOutcome) -> StepOutcome:
     )
 
 
-async def _step(ctx: RunContext, spec: LadderSpec, step: StepSpec) -> StepOutcome:
+async def _step(ctx: RunContext, spec: LadderSpec, step: StepSpec, source: str = "") -> StepOutcome:
     stable = ctx.stable
     assert stable is not None, "the ladder starts from a configuration that answered"
     desired = stable.with_step_from(ctx.command, step.flags) if step.flags else stable
@@ -139,7 +139,7 @@ async def _step(ctx: RunContext, spec: LadderSpec, step: StepSpec) -> StepOutcom
         )
     if step.probe == "tools" and desired == stable and not _features(ctx, step):
         return StepOutcome(step.id, pb.LADDER_OUTCOME_NOT_APPLICABLE, _no_features(step), relaunched=False)
-    outcome = await _tested(ctx, spec, step, desired)
+    outcome = await _tested(ctx, spec, step, desired, source or f"ladder/{step.id}")
     if outcome.failure is not None and outcome.failure.proxy and ctx.proxy_for is None:
         return await _confirmed(ctx, spec, step, desired, outcome)
     if outcome.failure is None:
@@ -147,12 +147,12 @@ async def _step(ctx: RunContext, spec: LadderSpec, step: StepSpec) -> StepOutcom
     return outcome
 
 
-async def _tested(ctx: RunContext, spec: LadderSpec, step: StepSpec, desired: ServeCommand) -> StepOutcome:
+async def _tested(ctx: RunContext, spec: LadderSpec, step: StepSpec, desired: ServeCommand, source: str) -> StepOutcome:
     """The step on a server running `desired` (or its proxy): relaunched only when the live one differs."""
     launched_as = proxies.planned(ctx, desired)[0]
     relaunched = ctx.running is None or ctx.running.argv() != launched_as.argv() or not ctx.config.engine.reuse_server
     if relaunched:
-        started = await launch(ctx, desired, f"ladder/{step.id}")
+        started = await launch(ctx, desired, source)
         if not started.ready:
             failure = started.failure or Attempt("", "other", started.summary)
             return _failed(spec, step.id, started.summary, failure, relaunched=True)
@@ -165,7 +165,7 @@ async def _confirmed(
     """A failure met on a proxy counts only once the real configuration shows it: the same step again, real."""
     assert on_proxy.failure is not None
     with proxies.real_only(ctx):
-        real = await _tested(ctx, spec, step, desired)
+        real = await _tested(ctx, spec, step, desired, f"ladder/{step.id}/confirm")
     seen, wanted = real.failure, on_proxy.failure
     if seen is not None and (seen.phase, seen.signature) == (wanted.phase, wanted.signature):
         return replace(real, detail=f"{real.detail} (met on a proxy, confirmed on the real configuration)")
@@ -341,11 +341,11 @@ async def _repeat(ctx: RunContext, spec: LadderSpec, trigger: StepOutcome) -> No
     ctx.attempts.append(trigger.failure)
     step = next(s for s in spec.steps if s.id == trigger.step)
     base = ctx.stable
-    for _ in range(ctx.config.engine.failure_attempts - 1):
+    for number in range(2, ctx.config.engine.failure_attempts + 1):
 
-        async def again() -> Attempt:
+        async def again(source: str = f"ladder/{step.id}/repeat-{number}") -> Attempt:
             ctx.stable = _before(ctx, trigger)
-            outcome = await _step(ctx, spec, step)
+            outcome = await _step(ctx, spec, step, source)
             return outcome.failure or Attempt("", "", "")
 
         ctx.attempts.append(await proxies.repeat(ctx, trigger.failure, again))
