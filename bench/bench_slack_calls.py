@@ -79,7 +79,7 @@ def main() -> None:
         total = sum(calls.values())
         if storm:
             print(
-                f"{scenario:>8}  under a 429 storm (every second call of every method): {limited} of the calls were 429"
+                f"{scenario:>8}  under a 429 storm (every second call of each method): {limited} of the calls were 429"
             )
         messages = calls["chat.postMessage"] + calls["chat.update"]
         files = calls["files.completeUploadExternal"]

@@ -51,7 +51,7 @@ HANG, SLOW, DIE = 0, 1, 2  # fault "statuses" that are not HTTP answers
 @dataclass
 class Fault:
     """Answer calls of `method` ("*": any) with `status` `times` times, or until a deadline, on every
-    `every`th matching call.
+    `every`th call of each method (counted per method, so how lanes interleave cannot starve one).
 
     HANG waits `retry_after` seconds (longer than the client's time-out) and answers 504; SLOW does the call
     and answers `retry_after` seconds later (the window a crash makes a post land unrecorded); DIE does the call
@@ -63,14 +63,14 @@ class Fault:
     times: int | None = 1
     until: float | None = None
     every: int = 1
-    seen: int = 0
+    seen: dict[str, int] = field(default_factory=dict)
 
     def matches(self, method: str) -> bool:
         active = (self.times is None or self.times > 0) and (self.until is None or time.monotonic() < self.until)
         if not (active and self.method in (method, "*")):
             return False
-        self.seen += 1
-        return self.seen % self.every == 0
+        self.seen[method] = self.seen.get(method, 0) + 1
+        return self.seen[method] % self.every == 0
 
 
 class SlackApi:

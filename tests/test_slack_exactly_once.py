@@ -148,7 +148,7 @@ async def test_every_method_limited_slow_and_dying_the_thread_is_complete_once(
     certs: DevCerts, tmp_path: Path, api: SlackApi
 ) -> None:
     async with slack_bot(certs, tmp_path, api, speed=60, timeout_s=2) as served:
-        api.fail("*", 429, times=None, every=2, retry_after=0.02)  # every second call of every method
+        api.fail("*", 429, times=None, every=2, retry_after=0.02)  # every second call of each method
         api.fail("chat.postMessage", DIE, times=3, every=1)
         api.fail("files.completeUploadExternal", DIE, times=1)
         api.fail("chat.update", SLOW, times=4, retry_after=0.3)
