@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
+from bot.cli import main
 from bot.coordinator import Coordinator
 from bot.report import run_report
-from bot.store import AsyncStore
+from bot.store import AsyncStore, Store
 from protos import runner_pb2 as pb
 from protos.vocab import CHECKLIST, to_id
 from runner.analyzer import analyze_text
@@ -292,3 +293,27 @@ async def test_a_weight_load_failure_is_never_repeated_on_a_proxy(certs: DevCert
     assert not any(e.artifact.name == "proxy_launch" for e in events)
     sources = {e.log_chunk.source for e in events if e.HasField("log_chunk")}
     assert "minimal_launch/attempt-2" in sources
+
+
+async def test_show_json_carries_the_run_report_of_any_run(
+    certs: DevCerts, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runner = runner_data(certs, tmp_path / "runner", scenario="demo", speed=500)
+    async with running_runner(runner) as daemon:
+        config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"])
+        store = AsyncStore(config.store)
+        core = Coordinator(config, store)
+        started = await core.start("cluster-a", "U1")
+        await core.follow(started, _keep_nothing)
+        events = Store(tmp_path / "k3.db").events(started.run_id)
+        store.close()
+    (tmp_path / "k3.toml").write_text(f'store = "{tmp_path / "k3.db"}"\n[clusters]\n')
+    capsys.readouterr()
+    assert main(["--config", str(tmp_path / "k3.toml"), "show", started.run_id, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["report"] == run_report(started.run_id, events)
+    assert shown["report"]["first_error"]["category"] == "nccl_comm" and shown["report"]["launches"] == 2
+
+
+async def _keep_nothing(event: pb.RunEvent) -> None:
+    return None

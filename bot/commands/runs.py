@@ -15,6 +15,7 @@ from bot.commands.common import CommandError, coordinator, load_config, operator
 from bot.record import RunRecord
 from bot.refusal import Refused
 from bot.render import TextRenderer, run_header, terminal
+from bot.report import run_report
 from bot.store import RunNotFound, Store, redacted
 from bot.timeline import write_timeline
 from runner.redact import redactor
@@ -27,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     show = sub.add_parser("show", help="show a run and everything it recorded")
     show.add_argument("run")
     show.add_argument("--logs", action="store_true", help="include the engine's log")
-    show.add_argument("--json", action="store_true", help="the run and its events as JSON")
+    show.add_argument("--json", action="store_true", help="the run, its report and its events as JSON")
     show.add_argument("--timeline", type=Path, metavar="FILE", help="also draw the run's launches as a PNG")
     show.set_defaults(func=show_run)
     cancel = sub.add_parser("cancel", help="cancel an active run")
@@ -67,7 +68,11 @@ def show_run(args: argparse.Namespace) -> int:
             raise CommandError(f"cannot write the timeline {args.timeline}: {exc.strerror or exc}") from None
     if args.json:  # json.dumps escapes control characters: the output is safe for a terminal as it is
         shown = {**redacted(run), "request_json": json.dumps(public_request(run, RunRecord.replay(run["id"], events)))}
-        payload = {"run": shown, "events": [json_format.MessageToDict(event) for event in events]}
+        payload = {
+            "run": shown,
+            "report": run_report(run["id"], events),  # the `demo --json` contract, for every run
+            "events": [json_format.MessageToDict(event) for event in events],
+        }
         print(json.dumps(payload, indent=2))
         return 0
     print(run_header(run))
