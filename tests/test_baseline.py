@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bot.cli import main
 from bot.coordinator import Coordinator
 from bot.store import AsyncStore
 from protos import runner_pb2 as pb
 from runner.baseline import BaselineError, load_baseline
 from runner.config import parse_runner_config
 from runner.engines.sim import SimBackend
-from runner.fingerprint.document import seal
+from runner.fingerprint.document import seal, to_text
 from runner.stages import baseline as baseline_stage
 from runner.stages.context import RunContext
 from runner.tls import DevCerts
@@ -256,3 +258,76 @@ async def test_the_stage_refuses_an_unknown_profile(tmp_path: Path) -> None:
     ctx.fingerprint = scene()
     result = await baseline_stage.run(ctx)
     assert result.status == pb.STAGE_STATUS_FAILED and "unknown baseline profile 'kimi-k9'" in result.summary
+
+
+def _nodes(value: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every path of a JSON value, containers included."""
+    children: list[tuple[str, Any]] = []
+    if isinstance(value, dict):
+        children = list(value.items())
+    elif isinstance(value, list):
+        children = [(str(i), v) for i, v in enumerate(value)]
+    found = [path] if path else []
+    for key, child in children:
+        found += _nodes(child, (*path, key))
+    return found
+
+
+def _replaced(document: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    copied = copy.deepcopy(document)
+    node: Any = copied
+    for key in path[:-1]:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    node[int(path[-1]) if isinstance(node, list) else path[-1]] = value
+    return copied
+
+
+def test_check_on_fields_of_other_types_is_one_line_never_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every field of a full scene, replaced by every JSON type (sealed, so only the types are wrong): `check`
+    decides (exit 0/1) or refuses in one line (exit 2); it never raises."""
+    path = tmp_path / "scene.json"
+    refused = 0
+    for where in _nodes(GOOD):
+        for value in (True, 7, "x", [], {}, None, [True], {"k": True}):
+            path.write_text(to_text(seal(_replaced(GOOD, where, value))))
+            code = main(["check", "--baseline", "kimi-k3", "--fingerprint", str(path)])
+            out, err = capsys.readouterr()
+            assert code in (0, 1, 2), (where, value)
+            if code == 2:
+                refused += 1
+                assert out == "" and err.count("\n") == 1 and err.startswith("k3repro: "), (where, value, err)
+    assert refused > 100  # the types the checks read are enforced, not merely survived
+    path.write_text(to_text(seal(_replaced(GOOD, ("runtime", "cuda_compat"), True))))
+    assert main(["check", "--baseline", "kimi-k3", "--fingerprint", str(path)]) == 2
+    assert "'runtime.cuda_compat' must be an object or null, got true" in capsys.readouterr().err
+
+
+def test_an_unsealed_fingerprint_is_checked_and_said_to_be_unsealed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One written by hand or another tool has no sha256: checked as given; a sealed one edited is still refused."""
+    unsealed = tmp_path / "by-hand.json"
+    unsealed.write_text(json.dumps({k: v for k, v in GOOD.items() if k != "sha256"}))
+    assert main(["check", "--baseline", "kimi-k3", "--fingerprint", str(unsealed)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("baseline kimi-k3: PASS\n  fingerprint unsealed (no sha256")
+    assert main(["check", "--baseline", "kimi-k3", "--fingerprint", str(unsealed), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["sealed"] is False and report["fingerprint_sha256"] is None and report["verdict"] == "pass"
+    old_driver = tmp_path / "old-driver.json"
+    old_driver.write_text(json.dumps({**GOOD, "nvml": {**GOOD["nvml"], "driver_version": "570.86.15"}}))
+    assert main(["check", "--baseline", "kimi-k3", "--fingerprint", str(old_driver)]) == 1
+    assert "✗ host_driver_r580 [fail]" in capsys.readouterr().out
+    sealed = tmp_path / "sealed.json"
+    sealed.write_text(to_text(scene()))
+    assert main(["check", "--baseline", "kimi-k3", "--fingerprint", str(sealed), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sealed"] is True
+    sealed.write_text(sealed.read_text().replace('"580.65.06"', '"590.10.01"'))
+    assert main(["check", "--baseline", "kimi-k3", "--fingerprint", str(sealed)]) == 2
+    assert "sha256 does not match the content" in capsys.readouterr().err
+    # diff compares content addresses: an unsealed file is refused there, in one line
+    assert main(["diff", str(unsealed), str(unsealed)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unsealed (no sha256" in err

@@ -64,6 +64,8 @@ class Baseline:
             "profile_file": self.source,
             "verdict": verdict,
             "fingerprint_sha256": fingerprint.get("sha256"),
+            # no sha256: written by hand or by another tool, so checked as given but not content-addressed
+            "sealed": "sha256" in fingerprint,
             "rules": results,
         }
 
@@ -133,6 +135,8 @@ _MARK = {"pass": "✓", "warn": "!", "fail": "✗", "unknown": "?"}
 
 def report_text(report: dict[str, Any]) -> str:
     lines = [f"baseline {report['baseline']}: {report['verdict'].upper()}"]
+    if not report.get("sealed", True):
+        lines.append("  fingerprint unsealed (no sha256: written by hand or by another tool): checked as given")
     for rule in report["rules"]:
         lines.append(f"  {_MARK[rule['status']]} {rule['id']} [{rule['status']}]: {rule['message']}")
         lines.append(f"      expected {rule['expected']}; found {rule['actual'] or 'nothing'}")

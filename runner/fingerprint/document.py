@@ -93,8 +93,9 @@ def seal(document: dict[str, Any]) -> dict[str, Any]:
     return {**document, "sha256": sha256_of(document)}
 
 
-def load_fingerprint(path: str) -> dict[str, Any]:
-    """Reads a fingerprint file; refuses what is not one, or one edited after it was sealed."""
+def load_fingerprint(path: str, *, unsealed_ok: bool = False) -> dict[str, Any]:
+    """Reads a fingerprint file; refuses what is not one, or one edited after it was sealed. `unsealed_ok`
+    lets one with no sha256 at all through (written by hand or another tool): its content is still checked."""
     try:
         with open(path, "rb") as handle:
             raw = handle.read(MAX_BYTES + 1)
@@ -106,10 +107,76 @@ def load_fingerprint(path: str) -> dict[str, Any]:
         document = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FingerprintError(f"{path}: not JSON ({exc})") from None
-    return validate(document, path)
+    return validate(document, path, unsealed_ok=unsealed_ok)
 
 
-def validate(document: Any, origin: str) -> dict[str, Any]:
+# Fields the baseline checks read, and the JSON types this version writes there ("*": each list item). A
+# file with other types (another version, another tool) is refused in one line rather than crash a check.
+_STR, _STR_OR_NULL, _OBJ_OR_NULL, _LIST_OR_NULL = (str,), (str, type(None)), (dict, type(None)), (list, type(None))
+_TYPES: tuple[tuple[str, tuple[type, ...]], ...] = (
+    ("nvml.available", (bool, type(None))),
+    ("nvml.driver_version", _STR_OR_NULL),
+    ("nvml.cuda_driver_version", _STR_OR_NULL),
+    ("nvml.gpus", _LIST_OR_NULL),
+    ("nvml.gpus.*", (dict,)),
+    ("nvml.gpus.*.name", _STR),
+    ("image.ref", _STR),
+    ("image.id", _STR_OR_NULL),
+    ("image.pinned", (bool, type(None))),
+    ("image.repo_digests", _LIST_OR_NULL),
+    ("image.repo_digests.*", _STR),
+    ("image.env", _OBJ_OR_NULL),
+    ("image.env.*", _STR),
+    ("image.error", _STR_OR_NULL),
+    ("runtime.cuda_runtime", _STR_OR_NULL),
+    ("runtime.cuda_runtime_source", _STR_OR_NULL),
+    ("runtime.torch_cuda", _STR_OR_NULL),
+    ("runtime.cuda_compat", _OBJ_OR_NULL),
+    ("runtime.cuda_compat.loaded", (bool, type(None))),
+    ("runtime.cuda_compat.driver", _STR_OR_NULL),
+    ("runtime.cuda_compat.dirs", _LIST_OR_NULL),
+    ("runtime.cuda_compat.dirs.*", _STR),
+    ("runtime.cuda_compat.via", _LIST_OR_NULL),
+    ("runtime.cuda_compat.via.*", _STR),
+    ("runtime.container_nvidia_smi", _OBJ_OR_NULL),
+    ("runtime.container_nvidia_smi.available", (bool, type(None))),
+    ("runtime.container_nvidia_smi.driver_version", _STR_OR_NULL),
+    ("runtime.container_nvidia_smi.cuda_version", _STR_OR_NULL),
+    ("runtime.container_nvidia_smi.gpus", _LIST_OR_NULL),
+    ("runtime.container_nvidia_smi.gpus.*", _STR),
+    ("sha256", _STR_OR_NULL),
+)
+_REQUIRED = frozenset({"image.ref"})  # read by index, not .get
+_KIND = {str: "a string", bool: "true/false", dict: "an object", list: "a list", type(None): "null"}
+
+
+def _found(node: Any, path: list[str], done: list[str]) -> Iterator[tuple[str, Any]]:
+    """The values at `path` below `node` with their dotted paths; absent or null parents yield nothing."""
+    if not path:
+        yield ".".join(done), node
+        return
+    head, rest = path[0], path[1:]
+    if head == "*":
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, item in items:
+            yield from _found(item, rest, [*done, str(key)])
+    elif isinstance(node, dict) and head in node:
+        yield from _found(node[head], rest, [*done, head])
+    elif isinstance(node, dict) and not rest and ".".join([*done, head]) in _REQUIRED:
+        raise FingerprintError(f"missing {'.'.join([*done, head])!r}")
+
+
+def _check_types(document: dict[str, Any]) -> None:
+    for pattern, kinds in _TYPES:
+        for path, value in _found(document, pattern.split("."), []):
+            if not isinstance(value, kinds):
+                wanted = " or ".join(_KIND[kind] for kind in kinds)
+                shown = json.dumps(value, ensure_ascii=False)
+                shown = shown if len(shown) <= 40 else shown[:37] + "..."
+                raise FingerprintError(f"{path!r} must be {wanted}, got {shown} (not what this version writes)")
+
+
+def validate(document: Any, origin: str, *, unsealed_ok: bool = False) -> dict[str, Any]:
     if not isinstance(document, dict) or document.get("schema") != SCHEMA:
         raise FingerprintError(f'{origin}: not a k3repro fingerprint (expected an object with "schema": {SCHEMA})')
     for key, kind in (("host", dict), ("nvml", dict), ("runtime", dict), ("env", dict), ("launch", dict)):
@@ -119,7 +186,18 @@ def validate(document: Any, origin: str) -> dict[str, Any]:
         raise FingerprintError(f"{origin}: 'image' must be an object or null")
     if not isinstance(document.get("changes"), list):
         raise FingerprintError(f"{origin}: 'changes' must be a list")
-    if document.get("sha256") != sha256_of(document):
+    try:
+        _check_types(document)
+    except FingerprintError as exc:
+        raise FingerprintError(f"{origin}: {exc}") from None
+    if "sha256" not in document:
+        if unsealed_ok:
+            return document
+        raise FingerprintError(
+            f"{origin}: unsealed (no sha256: written by hand or by another tool); k3repro check reads it, "
+            "this command compares sealed scenes"
+        )
+    if document["sha256"] != sha256_of(document):
         raise FingerprintError(f"{origin}: sha256 does not match the content (edited after it was taken?)")
     return document
 
