@@ -6,24 +6,32 @@ runner/launches.py's, the same the runner's engine-time metric counts.
 
 from __future__ import annotations
 
+import io
+import threading
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from protos import runner_pb2 as pb
 from protos.vocab import PHASES
-from runner.launches import launches
+from runner.launches import LaunchSpan, launches
 
 # One colour per phase (matplotlib's tab10, in phase order), so a phase looks the same in every picture.
 COLOURS = dict(zip(PHASES, ("#7f7f7f", "#1f77b4", "#ff7f0e", "#9467bd", "#2ca02c", "#17becf"), strict=True))
 OUTCOME_TEXT = {"ok": "ok", "cache_hit": "hit", "cache_miss": "miss", "not_applicable": "n/a"}
+DRAWING = threading.Lock()  # matplotlib is not thread-safe, and the bot draws each run's picture off its loop
 
 
-def draw(events: list[pb.RunEvent], path: Path, title: str) -> int:
-    """Writes the timeline PNG to `path`; returns the number of launches drawn."""
-    bars = launches(events)
+def draw(events: list[pb.RunEvent], path: Path | IO[bytes], title: str) -> int:
+    """Writes the timeline PNG to `path` (a file, or a buffer for Slack and the bundle); returns the number
+    of launches drawn."""
+    with DRAWING:
+        return _draw(launches(events), path, title)
+
+
+def _draw(bars: list[LaunchSpan], path: Path | IO[bytes], title: str) -> int:
     figure = Figure(figsize=(12, 1.6 + 0.55 * max(1, len(bars))), dpi=110, layout="constrained")
     axes = figure.subplots()
     span = max([bar.end for bar in bars], default=1.0) or 1.0
@@ -69,9 +77,20 @@ def draw(events: list[pb.RunEvent], path: Path, title: str) -> int:
 
 def write_timeline(run: dict[str, Any], events: list[pb.RunEvent], path: Path) -> str:
     """`k3repro show RUN --timeline FILE`: draws the run into `path`; returns the line that says so."""
-    outcome = run["decision"] or run["status"]
-    drawn = draw(events, path, f"run {run['id']} · cluster {run['cluster']} · {outcome}")
+    drawn = draw(events, path, caption(run["id"], run["cluster"], run["decision"] or run["status"]))
     return f"timeline of {drawn} launch(es) written to {path}"
+
+
+def png(events: list[pb.RunEvent], title: str) -> bytes:
+    """The picture as bytes: posted in the run's thread with its verdict, and a member of its bundle."""
+    buffer = io.BytesIO()
+    draw(events, buffer, title)
+    return buffer.getvalue()
+
+
+def caption(run_id: str, cluster: str, outcome: str) -> str:
+    """The picture's title, the same wherever it is drawn."""
+    return f"run {run_id} · cluster {cluster} · {outcome}"
 
 
 def _seconds(value: float) -> str:

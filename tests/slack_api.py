@@ -242,14 +242,15 @@ class SlackApi:
         if method == "files.completeUploadExternal":
             files = json.loads(body["files"]) if isinstance(body["files"], str) else body["files"]
             for f in files:
-                content = self._uploads[f["id"]].decode()
+                data = self._uploads[f["id"]]
                 self.files.append(
                     {
                         **f,
                         "channel": body.get("channel_id"),
                         "thread_ts": body.get("thread_ts"),
                         "ts": f"1700000000.{next(self._ts):06d}",
-                        "content": content,
+                        "data": data,  # as uploaded; "content": a text file's text
+                        "content": data.decode("utf-8", "replace"),
                     }
                 )
             return {"files": [{"id": f["id"], "title": f.get("title", "")} for f in files]}
@@ -363,7 +364,8 @@ def action_body(payload: dict[str, Any]) -> str:
 
 
 def assert_thread_complete(api: SlackApi) -> None:
-    """One card, one checklist in its final state, each stage once, the verdict, each file once."""
+    """One card, one checklist in its final state, each stage once, the verdict, each file (the timeline
+    picture among them) once."""
     cards = [m for m in api.messages.values() if "thread_ts" not in m]
     assert len(cards) == 1
     parent = cards[0]
@@ -375,7 +377,7 @@ def assert_thread_complete(api: SlackApi) -> None:
     assert len(heads) == len(set(heads)) and heads[0] == "✅ freeze" and "❌ minimal_launch" in heads
     assert verdict.get("reply_broadcast") and verdict["text"].startswith("continue")
     titles = [f["title"] for f in api.files]
-    assert "minimal_launch log" in titles and "fingerprint" in titles and len(titles) == len(set(titles))
+    assert {"minimal_launch log", "fingerprint", "timeline"} <= set(titles) and len(titles) == len(set(titles))
     assert all(f["thread_ts"] == parent["ts"] for f in api.files)
     keys = [((m.get("metadata") or {}).get("event_payload") or {}).get("k3repro_key") for m in api.thread(parent["ts"])]
     assert all(keys) and len(keys) == len(set(keys))  # nothing posted twice (a card's updates replace its metadata)

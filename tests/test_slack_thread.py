@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import re
@@ -16,8 +17,10 @@ from typing import Any
 
 import aiohttp
 import pytest
+from matplotlib.image import imread
 
 from bot.blocks import ACTION_CANCEL, ACTION_RERUN, MAX_BLOCKS, MAX_MESSAGE, MAX_SECTION
+from bot.bundle import PNG_SIGNATURE
 from bot.store import Store
 from bot.web import Served, serving
 from protos.vocab import CHECKLIST_IDS
@@ -89,6 +92,17 @@ async def test_a_slash_command_starts_a_run_whose_thread_tells_the_story(
     assert {"fingerprint", "minimal_launch log"} <= set(titles) and len(titles) == len(set(titles))
     assert all(f["thread_ts"] == parent["ts"] and f["channel"] == "C-OPS" for f in api.files)
     assert "NCCL error" in next(f["content"] for f in api.files if f["title"] == "minimal_launch log")
+    # the timeline picture: drawn from the run's stored events, uploaded once, after the verdict
+    (picture,) = [f for f in api.files if f["title"] == "timeline"]
+    assert picture["data"].startswith(PNG_SIGNATURE)
+    assert imread(io.BytesIO(picture["data"]), format="png").shape[1] > 1000
+    (asked,) = [c for c in api.called("files.getUploadURLExternal") if c.body["filename"].endswith(".png")]
+    assert asked.body["filename"] == f"timeline-{run['id']}.png" and int(asked.body["length"]) == len(picture["data"])
+    assert asked.at > verdict_at
+    (uploaded,) = [c for c in api.called("upload") if c.body["file_id"] == picture["id"]]
+    assert uploaded.body["size"] == len(picture["data"])
+    (completed_upload,) = [c for c in api.called("files.completeUploadExternal") if picture["id"] in c.body["files"]]
+    assert completed_upload.at > uploaded.at
     for message in api.messages.values():
         assert len(message["blocks"]) <= MAX_BLOCKS and len(json.dumps(message["blocks"])) <= MAX_MESSAGE
         assert all(len(b.get("text", {}).get("text", "")) <= MAX_SECTION for b in message["blocks"])

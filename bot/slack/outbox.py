@@ -16,6 +16,7 @@ up with files.info before completing it again. A restarted bot picks the pending
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import time
@@ -267,7 +268,7 @@ class Outbox:
 
     async def _upload(self, row: dict[str, Any], write: Write, args: dict[str, Any]) -> dict[str, Any]:
         """The three steps, each kept in the row once done, so a retry repeats only the step that failed."""
-        extra, content = dict(write.extra), str(write.extra["content"]).encode()
+        extra, content = dict(write.extra), file_bytes(write.extra)
         if not extra.get("file_id"):
             got = await self.client.files_getUploadURLExternal(filename=args["filename"], length=len(content))
             extra.update(file_id=got["file_id"], upload_url=got["upload_url"])
@@ -305,6 +306,19 @@ class Outbox:
         return (
             any(p.get("thread_ts") == args.get("thread_ts") for p in places) if args.get("thread_ts") else bool(places)
         )
+
+
+def file_content(content: str | bytes) -> dict[str, Any]:
+    """An upload's `extra`: text as it is, bytes (a picture) as base64, since the row that keeps them is JSON."""
+    if isinstance(content, str):
+        return {"content": content}
+    return {"content": base64.b64encode(content).decode(), "encoding": "base64"}
+
+
+def file_bytes(extra: dict[str, Any]) -> bytes:
+    """What file_content kept, as the bytes to upload."""
+    text = str(extra["content"])
+    return base64.b64decode(text) if extra.get("encoding") == "base64" else text.encode()
 
 
 def slack_error(exc: SlackApiError) -> str:

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from bot import blocks
+from bot import blocks, timeline
 from bot.blocks import Message
 from bot.consumer import EventCallback, RunLost, RunRefused
 from bot.coordinator import Coordinator, StartedRun
@@ -20,10 +20,11 @@ from bot.isolation import IsolationError, Placement
 from bot.record import Check, Finished, LadderStep, PhaseReached, RunRecord, StageResult, StageStarted, is_file
 from bot.rerun import RerunOutcome, finish_rerun, rerun_isolated, verdict_lines
 from bot.slack.metrics import Metrics
-from bot.slack.outbox import UPLOAD, Outbox, Write
+from bot.slack.outbox import UPLOAD, Outbox, Write, file_content
 from bot.slack.tasks import TaskSet
 from bot.store import ACTIVE, AsyncStore, Store, now
 from protos import runner_pb2 as pb
+from runner.redact import redactor
 from runner.toml_reader import ConfigError
 
 log = logging.getLogger("k3repro.slack.threads")
@@ -183,6 +184,10 @@ class Threads:
             await self._upload(view, channel, key, f"{fact.name}-{view.run_id}.{suffix}", fact.name, fact.content)
         elif isinstance(fact, Finished):
             await self._post_message(view, channel, key, blocks.verdict(view, fact), reply_broadcast=True)
+            picture = await self._timeline(view, fact)
+            await self._upload(
+                view, channel, f"{view.run_id}:timeline", f"timeline-{view.run_id}.png", "timeline", picture
+            )
             for source, text in view.log_texts().items():
                 title = f"{source} log"
                 await self._upload(view, channel, f"{view.run_id}:log:{source}", _filename(source, view), title, text)
@@ -200,9 +205,18 @@ class Threads:
                 view, channel, f"{key}:full", f"{key.replace(':', '-')}.txt", "full text", message.overflow
             )
 
-    async def _upload(self, view: RunRecord, channel: str, key: str, filename: str, title: str, content: str) -> None:
+    async def _timeline(self, view: RunRecord, fact: Finished) -> bytes:
+        """The run's picture from its stored events (redacted, as everything leaving the bot), drawn off the
+        event loop: matplotlib takes a few hundred ms, and the loop serves Slack's acks meanwhile."""
+        events = [redactor().message(e) for e in await self.store.call(Store.events, view.run_id)]
+        title = timeline.caption(view.run_id, view.cluster, fact.decision or fact.status)
+        return await asyncio.to_thread(timeline.png, events, title)
+
+    async def _upload(
+        self, view: RunRecord, channel: str, key: str, filename: str, title: str, content: str | bytes
+    ) -> None:
         args = {"channel": channel, "filename": filename, "title": title}
-        await self.outbox.put(Write(key, UPLOAD, args, view.run_id, thread=True, extra={"content": content}))
+        await self.outbox.put(Write(key, UPLOAD, args, view.run_id, thread=True, extra=file_content(content)))
 
     async def _refresh(self, view: RunRecord, channel: str) -> None:
         """The latest card and checklist, each in its own slot (the outbox keeps only the newest of each until
