@@ -9,7 +9,9 @@ store has that id already, stores only finished runs, strips terminal control se
 run and its events in one transaction: a refused bundle leaves nothing behind.
 
 Export passes every member through the one redaction path (runner/redact.py), and keeps only the request
-body's sha256 when the run's scene did (`request_bodies = "hash"` on the runner).
+body's sha256 when the run's scene did (`request_bodies = "hash"` on the runner). The run's timeline picture
+(TIMELINE) is drawn from the redacted events, so no text in it escaped that path; import checks only that it
+is a PNG, by its signature, and never decodes, stores or believes it: the events are the record.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from bot import timeline
 from bot.ids import new_run_id
 from bot.record import LadderStep, RunRecord, StageResult, image_digest
 from bot.report import report
@@ -49,6 +52,8 @@ REQUIRED = ("run.json", "events.jsonl", "launch.json", "request.json", "fingerpr
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 MEMBER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 SHA256 = re.compile(r"[0-9a-f]{64}")
+TIMELINE = "timeline.png"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DECISIONS = ("fix", "isolate", "continue")
 APIS = ("chat", "completions")
 
@@ -142,6 +147,9 @@ def export_bundle(store: Store, run_id: str) -> Bundle:
     if "sim_scenario" in artifacts:
         members["scenario.toml"] = artifacts["sim_scenario"].encode()
     members = {name: _redacted(name, data) for name, data in members.items()}
+    members[TIMELINE] = timeline.png(
+        events, timeline.caption(run["id"], run["cluster"], run["decision"] or run["status"])
+    )
     manifest = {
         "format": FORMAT,
         "produced_by": f"k3repro {version('k3repro')}",
@@ -311,6 +319,8 @@ def _check_schema(bundle: Bundle, origin: str) -> None:
     seqs = [e.seq for e in events]
     need(all(seq > 0 for seq in seqs) and seqs == sorted(set(seqs)), "events.jsonl: seqs must rise, each once")
     need(all(e.WhichOneof("payload") not in (None, "heartbeat") for e in events), "events.jsonl: an empty event")
+    picture = bundle.members.get(TIMELINE, PNG_SIGNATURE)  # a bundle from before the picture has none
+    need(picture.startswith(PNG_SIGNATURE), f"{TIMELINE} is not a PNG")
 
 
 def import_bundle(store: Store, bundle: Bundle) -> dict[str, Any]:

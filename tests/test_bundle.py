@@ -6,12 +6,24 @@ import gzip
 import io
 import json
 import tarfile
+from hashlib import sha256
 from pathlib import Path
 
 import pytest
+from matplotlib.image import imread
 
 from bot import bundle as bundle_module
-from bot.bundle import MANIFEST, BundleError, export_bundle, import_bundle, parse_bundle, read_bundle
+from bot.bundle import (
+    MANIFEST,
+    PNG_SIGNATURE,
+    TIMELINE,
+    Bundle,
+    BundleError,
+    export_bundle,
+    import_bundle,
+    parse_bundle,
+    read_bundle,
+)
 from bot.cli import main
 from bot.store import Store
 from protos import runner_pb2 as pb
@@ -108,6 +120,9 @@ def test_round_trip_keeps_every_member_and_event(tmp_path: Path) -> None:
         "steps.json",
     } <= names
     assert {"events.jsonl", "report.json", "run.json", "scenario.toml", "logs/minimal_launch-stdout.log"} <= names
+    picture = back.members[TIMELINE]  # drawn from the (redacted) events, listed with its sha256 like the rest
+    assert picture.startswith(PNG_SIGNATURE) and imread(io.BytesIO(picture), format="png").shape[1] > 1000
+    assert back.manifest["members"][TIMELINE] == {"sha256": sha256(picture).hexdigest(), "bytes": len(picture)}
     assert back.launch["argv"] == ARGV and back.launch["minimal_command"] == "vllm serve m"
     assert back.launch["image_digest"] == "sha256:" + "ab" * 32
     assert back.json("first_error.json")["signature"] == "s1"
@@ -146,6 +161,24 @@ def test_a_tampered_bundle_is_refused_with_one_line(
     with pytest.raises(BundleError) as caught:
         parse_bundle(_repack(data, change), "b.tar.gz")
     assert expected in str(caught.value) and "\n" not in str(caught.value)
+
+
+def _resealed(made: Bundle, change: dict[str, bytes | None]) -> bytes:
+    """The bundle with members changed and the manifest's hashes recomputed: only the schema can refuse it."""
+    members = {name: data for name, data in {**made.members, **change}.items() if data is not None}
+    listed = {name: {"sha256": sha256(data).hexdigest(), "bytes": len(data)} for name, data in members.items()}
+    return Bundle({**made.manifest, "members": listed}, members).to_bytes()
+
+
+def test_the_timeline_is_only_a_picture_to_import(tmp_path: Path) -> None:
+    """Import checks its signature and nothing else reads it: a bundle without one (made before it existed)
+    imports the same run; a member by that name that is not a PNG is refused."""
+    made = export_bundle(_store(tmp_path / "a.db"), "20261130-090000-abcd")
+    other = Store(tmp_path / "b.db")
+    row = import_bundle(other, parse_bundle(_resealed(made, {TIMELINE: None})))
+    assert len(other.events(row["id"])) == len(_events("x"))
+    with pytest.raises(BundleError, match=r"timeline\.png is not a PNG"):
+        parse_bundle(_resealed(made, {TIMELINE: b"<script>alert(1)</script>"}))
 
 
 def test_a_changed_hash_in_the_manifest_is_refused(tmp_path: Path) -> None:
