@@ -291,7 +291,9 @@ def image_digest(scene: dict[str, Any] | None) -> str:
     image = (scene or {}).get("image") or {}
     if not isinstance(image, dict):
         return ""
-    refs = [str(image.get("ref") or ""), *(str(ref) for ref in image.get("repo_digests") or [])]
+    # freeze's pinned_ref first: the digest the run launched, of the tag's own repository
+    refs = [str(image.get(key) or "") for key in ("pinned_ref", "ref")]
+    refs += [str(ref) for ref in image.get("repo_digests") or []]
     return next((ref.split("@", 1)[1] for ref in refs if "@sha256:" in ref), "")
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from bot.cli import main
 from bot.coordinator import Coordinator
+from bot.record import image_digest
 from bot.store import AsyncStore
 from protos import runner_pb2 as pb
 from runner.baseline import BaselineError, load_baseline
@@ -18,6 +19,7 @@ from runner.config import parse_runner_config
 from runner.engines.sim import SimBackend
 from runner.fingerprint.document import seal, to_text
 from runner.stages import baseline as baseline_stage
+from runner.stages import freeze
 from runner.stages.context import RunContext
 from runner.tls import DevCerts
 from runner.vllm_cli import parse_launch_command
@@ -331,3 +333,31 @@ def test_an_unsealed_fingerprint_is_checked_and_said_to_be_unsealed(
     assert main(["diff", str(unsealed), str(unsealed)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unsealed (no sha256" in err
+
+
+def test_a_tag_freeze_found_a_registry_digest_for_is_pinned_by_it() -> None:
+    """The run launches the tag by the digest freeze recorded, so `image_pinned` passes and names it; the
+    bundle's digest (what a rerun launches) is that one, of the tag's own repository."""
+    own, mirror = "sha256:" + "c" * 64, "sha256:" + "d" * 64
+    tag = scene(
+        **{
+            "image.ref": "vllm/vllm-openai:kimi-k3",
+            "image.pinned": False,
+            "image.repo_digests": [f"mirror.local/vllm-openai@{mirror}", f"vllm/vllm-openai@{own}"],
+        }
+    )
+    assert rule(tag, "image_pinned")["status"] == "warn"  # as taken: a tag is not pinned by itself
+    pinned = freeze.pin(tag)
+    assert pinned["image"]["pinned_ref"] == f"vllm/vllm-openai@{own}"
+    assert pinned["sha256"] == seal(pinned)["sha256"] != tag["sha256"]  # sealed again, pin included
+    result = rule(pinned, "image_pinned")
+    assert result["status"] == "pass" and result["message"] == f"tag pinned by freeze to {own}"
+    assert result["actual"] == f"vllm/vllm-openai:kimi-k3 → vllm/vllm-openai@{own}"
+    assert load_baseline("kimi-k3").evaluate(pinned)["verdict"] == "pass"
+    assert image_digest(pinned) == own
+    by_digest = freeze.pin(scene())
+    assert by_digest["image"]["pinned_ref"] == GOOD["image"]["ref"]
+    assert rule(by_digest, "image_pinned")["message"] == "pinned to sha256:" + "a" * 64
+    # built or imported locally: no registry digest, nothing to launch by; the rule still warns
+    local = scene(**{"image.ref": "vllm/vllm-openai:kimi-k3", "image.pinned": False, "image.repo_digests": []})
+    assert freeze.pin(local) == local and rule(freeze.pin(local), "image_pinned")["status"] == "warn"

@@ -94,14 +94,18 @@ def gpu_class(facts: Facts, params: Mapping[str, Any]) -> Outcome:
 
 
 def image_digest(facts: Facts, _: Mapping[str, Any]) -> Outcome:
-    expected = "image referenced by digest (repo@sha256:…)"
+    expected = "image launched by digest (repo@sha256:…)"
     image = facts.image
     if image is None or image.get("id") is None:
         why = "no image (bare-metal install)" if image is None else f"image not inspected: {image.get('error')}"
         return Outcome(None, expected, None, why)
     ref, digests = image["ref"], image.get("repo_digests") or []
     if image.get("pinned"):
-        return Outcome(True, expected, ref, "pinned to a digest")
+        pinned = image.get("pinned_ref") or ref  # set by freeze: the run and any rerun launch by it
+        digest = pinned.split("@", 1)[-1]
+        if pinned != ref:
+            return Outcome(True, expected, f"{ref} → {pinned}", f"tag pinned by freeze to {digest}")
+        return Outcome(True, expected, ref, f"pinned to {digest}")
     if digests:
         return Outcome(False, expected, ref, f"tag not pinned; it resolves to {digests[0]}: launch by that digest")
     return Outcome(

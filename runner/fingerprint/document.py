@@ -123,6 +123,7 @@ _TYPES: tuple[tuple[str, tuple[type, ...]], ...] = (
     ("image.ref", _STR),
     ("image.id", _STR_OR_NULL),
     ("image.pinned", (bool, type(None))),
+    ("image.pinned_ref", _STR_OR_NULL),
     ("image.repo_digests", _LIST_OR_NULL),
     ("image.repo_digests.*", _STR),
     ("image.env", _OBJ_OR_NULL),

@@ -11,6 +11,7 @@ from protos import runner_pb2 as pb
 from protos.vocab import to_id
 from runner.engines.sim import SimBackend
 from runner.fingerprint import Change, FixedRequest, collect
+from runner.fingerprint.document import seal
 from runner.stages.context import RunContext, StageResult
 from runner.stages.requests import api, fixed_body
 from runner.stages.single_request import DEFAULT_REPEATS
@@ -27,9 +28,16 @@ async def run(ctx: RunContext) -> StageResult:
     request = FixedRequest(
         api(ctx), body, ctx.request.request.repeats or DEFAULT_REPEATS, hashed=ctx.config.request_bodies == "hash"
     )
-    scene = await asyncio.to_thread(
-        collect, ctx.backend.nvml, target, argv=argv, changes=changes, deployment_error=failed, request=request
+    scene = pin(
+        await asyncio.to_thread(
+            collect, ctx.backend.nvml, target, argv=argv, changes=changes, deployment_error=failed, request=request
+        )
     )
+    pinned_ref = (scene["image"] or {}).get("pinned_ref")
+    if pinned_ref and ctx.request.image:
+        # Every launch of this run reads the image from the request: by the digest, a moved tag cannot change
+        # what runs mid-run, and the bundle's rerun runs the same digest.
+        ctx.request.image = pinned_ref
     ctx.fingerprint = scene
     await ctx.artifact("fingerprint", scene)
     if isinstance(ctx.backend, SimBackend) and ctx.backend.scenario:
@@ -86,6 +94,28 @@ def _loads(runtime: dict[str, Any]) -> str:
     return ("loads " + ", ".join(found)) if found else f"versions unknown ({runtime['error'] or 'no vLLM found'})"
 
 
+def _repository(ref: str) -> str:
+    name = ref.split("@", 1)[0]
+    return name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
+
+
+def pin(scene: dict[str, Any]) -> dict[str, Any]:
+    """The scene with `image.pinned_ref`, the reference by digest the run launches: the ref itself when it
+    names a digest, else the registry digest freeze found for the tag (its own repository's first). A tag
+    with no registry digest (built or imported locally) stays unpinned: there is nothing to launch it by."""
+    image = scene["image"]
+    if image is None or image.get("id") is None:
+        return scene
+    if image["pinned"]:
+        return seal({**scene, "image": {**image, "pinned_ref": image["ref"]}})
+    repository = _repository(image["ref"])
+    digests = [d for d in image["repo_digests"] or [] if "@sha256:" in d]
+    if not digests:
+        return scene
+    digest = next((d for d in digests if d.split("@", 1)[0] == repository), digests[0]).split("@", 1)[1]
+    return seal({**scene, "image": {**image, "pinned": True, "pinned_ref": f"{repository}@{digest}"}})
+
+
 def _pinned(scene: dict[str, Any]) -> tuple[bool, str]:
     """The image by digest and the vLLM version that loads: what makes the scene re-creatable."""
     vllm = scene["runtime"]["vllm"]
@@ -93,7 +123,7 @@ def _pinned(scene: dict[str, Any]) -> tuple[bool, str]:
     missing = [] if vllm else ["vLLM version unknown"]
     digest = None
     if image is not None:
-        digest = image["ref"] if image["pinned"] else next(iter(image["repo_digests"] or []), None)
+        digest = image.get("pinned_ref") or (image["ref"] if image["pinned"] else None)
         if digest is None:
             missing.append(f"image {image['ref']} has no digest ({image['error'] or 'built or imported locally'})")
     if missing:
