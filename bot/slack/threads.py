@@ -184,15 +184,18 @@ class Threads:
             await self._upload(view, channel, key, f"{fact.name}-{view.run_id}.{suffix}", fact.name, fact.content)
         elif isinstance(fact, Finished):
             await self._post_message(view, channel, key, blocks.verdict(view, fact), reply_broadcast=True)
-            picture = await self._timeline(view, fact)
-            await self._upload(
-                view, channel, f"{view.run_id}:timeline", f"timeline-{view.run_id}.png", "timeline", picture
-            )
-            for source, text in view.log_texts().items():
-                title = f"{source} log"
-                await self._upload(view, channel, f"{view.run_id}:log:{source}", _filename(source, view), title, text)
         if isinstance(fact, REFRESH_ON):
             await self._refresh(view, channel)
+        if isinstance(fact, Finished):  # once the final card is queued: drawing must not hold "completed" back
+            await self._verdict_files(view, channel, fact)
+
+    async def _verdict_files(self, view: RunRecord, channel: str, fact: Finished) -> None:
+        """After the verdict: the timeline picture, then each full log."""
+        picture = await self._timeline(view, fact)
+        await self._upload(view, channel, f"{view.run_id}:timeline", f"timeline-{view.run_id}.png", "timeline", picture)
+        for source, text in view.log_texts().items():
+            title = f"{source} log"
+            await self._upload(view, channel, f"{view.run_id}:log:{source}", _filename(source, view), title, text)
 
     async def _post_message(
         self, view: RunRecord, channel: str, key: str, message: Message, *, reply_broadcast: bool = False
