@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import grpc
 
 from bot.config import BotConfig
-from bot.consumer import EventCallback, ReconnectCallback, RunRefused, accept, follow_run
+from bot.consumer import EventCallback, ReconnectCallback, RunLost, RunRefused, accept, follow_run
 from bot.dispatcher import DispatchError, RunnerState, pick_runner, survey
 from bot.ids import new_run_id
 from bot.refusal import Refused
@@ -37,6 +38,7 @@ class Coordinator:
     def __init__(self, config: BotConfig, store: AsyncStore) -> None:
         self.config = config
         self.store = store
+        self.following: set[str] = set()  # runs this process streams: settle leaves them to their follower
 
     async def start(
         self,
@@ -61,7 +63,7 @@ class Coordinator:
         except LaunchCommandError as exc:
             raise Refused(f"cluster {cluster_name}: launch command: {exc}") from None
         active = await self.store.call(Store.active_run, cluster.name)
-        if active is not None:
+        if active is not None and (await self.settle(active))["status"] in ACTIVE:
             raise Refused(f"cluster {cluster.name} already has an active run: {active['id']}")
         try:
             runner = await pick_runner(self.config, cluster)
@@ -123,14 +125,52 @@ class Coordinator:
     ) -> pb.RunFinished:
         """Streams a run `start` returned to its end, from its first event."""
         await on_event(started.first)
-        return await follow_run(self.config, self.store, started.run_id, started.runner, on_event, None, on_reconnect)
+        return await self._followed(started.run_id, started.runner, on_event, on_reconnect)
 
     async def resume(
         self, run_id: str, on_event: EventCallback, on_reconnect: ReconnectCallback | None = None
     ) -> pb.RunFinished:
         """Follows a run this bot stored earlier, from the last event it stored."""
         run = await self.store.call(Store.get_run, run_id)
-        return await follow_run(self.config, self.store, run["id"], run["runner"], on_event, None, on_reconnect)
+        return await self._followed(run["id"], run["runner"], on_event, on_reconnect)
+
+    async def _followed(
+        self, run_id: str, runner: str, on_event: EventCallback, on_reconnect: ReconnectCallback | None
+    ) -> pb.RunFinished:
+        self.following.add(run_id)
+        try:
+            return await follow_run(self.config, self.store, run_id, runner, on_event, None, on_reconnect)
+        finally:
+            self.following.discard(run_id)
+
+    async def settle(self, run: dict[str, Any]) -> dict[str, Any]:
+        """A stored active run as its runner knows it now. The process that followed it may have died (a CLI
+        killed mid-run): when its runner no longer runs it, its journal is replayed into the store up to its
+        run_finished, so the cluster is free again. A run still running, one this process follows, one not yet
+        accepted (no event stored: a start may be in flight) or an unreachable runner: the row as stored."""
+        if run["status"] not in ACTIVE or run["id"] in self.following:
+            return run
+        if await self.store.call(Store.last_seq, run["id"]) == 0:
+            return run
+        try:
+            async with open_channel(run["runner"], self.config.tls) as channel:
+                description = await pb_grpc.RunnerStub(channel).Describe(
+                    pb.DescribeRequest(), timeout=self.config.connect_timeout_s
+                )
+        except grpc.aio.AioRpcError:
+            return run
+        if run["id"] in description.active_run_ids:
+            return run
+
+        async def stored_only(_: pb.RunEvent) -> None:
+            return None
+
+        try:  # a finished run's WatchRun replays what the store lacks and ends with its run_finished
+            async with asyncio.timeout(self.config.connect_timeout_s + 30):
+                await self._followed(run["id"], run["runner"], stored_only, None)
+        except (TimeoutError, RunLost, RunRefused):
+            pass
+        return await self.store.call(Store.get_run, run["id"])
 
     async def cancel(self, run_id: str, requested_by: str, via: str = "cli", place: str = "", by: str = "") -> str:
         """`by`: how the thread names who cancelled (Slack: a mention); `requested_by` by default."""

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 
 from bot.config import ClientTls
 from bot.runner_client import open_channel
@@ -137,3 +138,86 @@ def test_cli_bad_input_gets_one_line_and_exit_2(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "absent.toml" in missing.stderr
     runs = subprocess.run([BIN / "k3repro", "--config", config, "runs"], capture_output=True, text=True)
     assert runs.stdout == "no runs yet\n"
+
+
+def _bot_toml(certs: DevCerts, tmp_path: Path, port: int) -> Path:
+    path = tmp_path / "k3repro.toml"
+    path.write_text(
+        f'store = "{tmp_path / "k3.db"}"\nconnect_timeout_s = 3\nreconnect_for_s = 20\n'
+        f'[tls]\nca = "{certs.ca}"\ncert = "{certs.bot_cert}"\nkey = "{certs.bot_key}"\n'
+        f'[clusters.cluster-a]\nrunners = ["127.0.0.1:{port}"]\nimage = "vllm/vllm-openai:kimi-k3"\n'
+        f'launch = "{KIMI_LAUNCH}"\nprofile = "kimi-k3"\n'
+    )
+    return path
+
+
+def _killed_mid_run(config: Path) -> str:
+    """`k3repro start` SIGKILLed while it follows its run (after the run's first stage has finished)."""
+    cli = subprocess.Popen(
+        [BIN / "k3repro", "--config", config, "start", "cluster-a"], stdout=subprocess.PIPE, text=True
+    )  # fmt: skip
+    assert cli.stdout is not None
+    header = cli.stdout.readline()
+    assert header.startswith("run "), header
+    for line in cli.stdout:
+        if "freeze" in line:
+            break
+    cli.kill()
+    cli.wait(timeout=10)
+    return header.split()[1]
+
+
+async def _active_on_runner(stub: pb_grpc.RunnerStub) -> list[str]:
+    return list((await stub.Describe(pb.DescribeRequest(), timeout=3)).active_run_ids)
+
+
+@pytest.mark.timeout(400)
+async def test_a_cli_killed_mid_run_does_not_leave_its_cluster_active(certs: DevCerts, tmp_path: Path) -> None:
+    """The next `runs` or `start` asks the runner: a run it still runs keeps the cluster busy; one it has
+    ended is replayed from its journal into the store (its run_finished included), and the cluster is free."""
+    from bot.store import Store
+
+    port = _free_port()
+    runner_toml = _runner_toml(certs, tmp_path, port)
+    runner_toml.write_text(runner_toml.read_text().replace("speed = 1\n", "speed = 10\n"))  # a run: ~20 s
+    daemon = subprocess.Popen(
+        [BIN / "k3repro-runner", "serve", "--config", runner_toml], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    config = _bot_toml(certs, tmp_path, port)
+    tls = ClientTls(ca=certs.ca, cert=certs.bot_cert, key=certs.bot_key)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [BIN / "k3repro", "--config", config, *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+    async def ended(stub: pb_grpc.RunnerStub, run_id: str) -> None:
+        while run_id in await _active_on_runner(stub):
+            await asyncio.sleep(0.2)
+
+    try:
+        async with open_channel(f"127.0.0.1:{port}", tls) as channel:
+            stub = pb_grpc.RunnerStub(channel)
+            await asyncio.wait_for(_ready(stub), 20)
+            first = _killed_mid_run(config)
+            assert first in await _active_on_runner(stub)
+            busy = cli("start", "cluster-a")  # the runner still runs it: refused, truthfully
+            assert busy.returncode == 2 and f"already has an active run: {first}" in busy.stderr
+            await asyncio.wait_for(ended(stub, first), 120)
+            assert Store(tmp_path / "k3.db").get_run(first)["status"] == "running"  # nobody followed it to its end
+            listed = cli("runs")
+            assert listed.returncode == 0 and f"{first}  cluster-a      completed" in listed.stdout
+            store = Store(tmp_path / "k3.db")
+            events = store.events(first)
+            assert [e.seq for e in events] == list(range(1, len(events) + 1))
+            assert events[-1].run_finished.status == pb.RUN_STATUS_COMPLETED
+            assert store.get_run(first)["summary"] == events[-1].run_finished.summary
+
+            second = _killed_mid_run(config)
+            await asyncio.wait_for(ended(stub, second), 120)
+            third = cli("start", "cluster-a")  # start settles the stale row itself
+            assert third.returncode == 0, third.stderr
+            assert third.stdout.startswith("run ") and third.stdout.split()[1] not in (first, second)
+            assert Store(tmp_path / "k3.db").get_run(second)["status"] == "completed"
+    finally:
+        daemon.kill()
+        daemon.wait(timeout=10)

@@ -7,18 +7,21 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from google.protobuf import json_format
 
 from bot.bundle import public_request
 from bot.commands.common import CommandError, coordinator, load_config, operator
+from bot.config import BotConfig
 from bot.record import RunRecord
 from bot.refusal import Refused
 from bot.render import TextRenderer, run_header, terminal
 from bot.report import run_report
-from bot.store import RunNotFound, Store, redacted
+from bot.store import ACTIVE, RunNotFound, Store, redacted
 from bot.timeline import write_timeline
 from runner.redact import redactor
+from runner.toml_reader import ConfigError
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,8 +43,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def list_runs(args: argparse.Namespace) -> int:
-    store = Store(load_config(args.config).store)
-    rows = store.runs(limit=args.limit)
+    config = load_config(args.config)
+    rows = Store(config.store).runs(limit=args.limit)
+    if any(run["status"] in ACTIVE for run in rows):
+        rows = asyncio.run(_settled(config, rows))
     if not rows:
         print("no runs yet")
     for run in rows:
@@ -52,6 +57,16 @@ def list_runs(args: argparse.Namespace) -> int:
             )
         )
     return 0
+
+
+async def _settled(config: BotConfig, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows with each active run as its runner knows it (one whose follower died may have ended); without
+    usable TLS files the runners cannot be asked, and the list is the store's."""
+    try:
+        async with coordinator(config) as core:
+            return [await core.settle(run) for run in rows]
+    except ConfigError:
+        return rows
 
 
 def show_run(args: argparse.Namespace) -> int:

@@ -157,10 +157,12 @@ class Handlers:
             rows = await self.store.call(Store.runs, 20, ACTIVE)
             if not rows:
                 return "no run is active; `/k3repro runs` lists the latest"
+        # a run whose follower died (a terminal's start killed mid-run) is read from its runner, not left active
+        rows = [await self.core.settle(row) for row in rows]
         return "\n".join([await self._run_line(row) for row in rows])
 
     async def _do_runs(self, request: Request) -> str:
-        rows = await self.store.call(Store.runs, 10)
+        rows = [await self.core.settle(row) for row in await self.store.call(Store.runs, 10)]
         return "\n".join([await self._run_line(row) for row in rows]) or "no runs yet"
 
     async def _do_cancel(self, request: Request, run: str) -> str:
