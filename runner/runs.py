@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
 from protos import runner_pb2 as pb
+from runner.baseline import load_baseline
 from runner.config import RunnerConfig
 from runner.engines import EngineBackend
 from runner.events import EventLog, JournalWriteError, heartbeat
@@ -20,6 +21,7 @@ from runner.pipeline import execute
 from runner.stages.context import RunContext
 from runner.stages.launcher import release
 from runner.stages.requests import PATHS
+from runner.toml_reader import ConfigError
 from runner.vllm_cli import LaunchCommandError, ServeCommand, parse_launch_command
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,11 @@ class RunHub:
                 f"rerun of {request.rerun.original_run_id}: image {request.image!r} is not the bundle's digest "
                 f"{request.rerun.image_digest} (a tag can move; a rerun runs exactly what failed)",
             )
+        if request.profile:  # checked now, not at the baseline stage: a typo must not cost a freeze and a run
+            try:
+                load_baseline(request.profile, self.config.baseline_dirs)
+            except ConfigError as exc:
+                raise RunRejected("INVALID_ARGUMENT", str(exc)) from None
         if refusal := self.backend.refusal(list(request.launch_argv)):
             raise RunRejected("PERMISSION_DENIED", refusal)
         if self.once and (self.active or self.served.is_set()) and self.journal.request(request.run_id) is None:

@@ -81,6 +81,11 @@ async def test_client_certificate_from_another_ca_is_refused(
         (_start("r1", image="evil/miner:latest"), grpc.StatusCode.PERMISSION_DENIED, "not allowlisted"),
         (_start("r1", launch="bash -c reboot"), grpc.StatusCode.INVALID_ARGUMENT, "must start with `vllm serve`"),
         (pb.StartRunRequest(run_id="r1", cluster="cluster-b"), grpc.StatusCode.INVALID_ARGUMENT, "serves cluster"),
+        (
+            pb.StartRunRequest(run_id="r1", cluster="cluster-a", image="vllm/vllm-openai:kimi-k3", profile="nope"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "unknown baseline profile 'nope' (known: kimi-k3)",
+        ),
     ],
 )
 async def test_bad_start_requests_are_refused_and_start_nothing(

@@ -319,18 +319,26 @@ async def test_read_only_commands_answer_ephemerally(certs: DevCerts, tmp_path: 
     assert "k3repro_slack_outbox_pending 0" in metrics
 
 
+@pytest.mark.parametrize(
+    ("option", "words"),
+    [
+        ("--image registry.example/unknown:latest", "registry.example/unknown:latest"),
+        # refused at StartRun, before a freeze: not "❌ baseline — unknown baseline profile" in a completed card
+        ("--profile nope", "unknown baseline profile 'nope' (known: kimi-k3)"),
+    ],
+)
 async def test_a_start_the_runner_refuses_posts_only_the_refusal(
-    certs: DevCerts, tmp_path: Path, api: SlackApi
+    certs: DevCerts, tmp_path: Path, api: SlackApi, option: str, words: str
 ) -> None:
     async with slack_bot(certs, tmp_path, api) as served:
-        body = command_body("start cluster-a --image registry.example/unknown:latest")
+        body = command_body(f"start cluster-a {option}")
         await post(served, body, signed(body))
         await settle(served)
     store = Store(tmp_path / "k3.db")
     assert not store.runs() and [a["action"] for a in store.audit_entries()] == ["start refused"]
     assert parent_of(api) is None and api.called("chat.postMessage") == []
     (refusal,) = [c.body["text"] for c in api.called("chat.postEphemeral")]
-    assert "refused the run" in refusal and "registry.example/unknown:latest" in refusal
+    assert "refused the run" in refusal and words in refusal
 
 
 async def test_k3repro_bot_serve_reads_its_config_serves_health_and_stops_on_sigterm(
