@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import signal
 import subprocess
@@ -26,6 +27,7 @@ from runner.ports import free_port
 from runner.tls import DevCerts
 from tests.dockerd import BUSYBOX, Dockerd
 from tests.k3fixtures import bot_config, run_to_end, runner_data, running_runner
+from tests.registry import running_registry
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_IMAGE = "k3repro/vllm-sim:test"
@@ -225,4 +227,48 @@ async def test_an_image_tag_that_moves_between_launches_makes_the_run_isolate(
     assert moved.is_set() and after != before and finished.decision == pb.DECISION_ISOLATE
     moved_reason = next(r for r in finished.reasons if "moved during the run" in r)
     assert moved_reason.startswith(f"image {moving} moved during the run ({before[7:19]} → {after[7:19]})")
+    assert _labelled(docker_env) == []
+
+
+async def test_a_tag_with_a_registry_digest_runs_by_it_so_a_moved_tag_changes_nothing(
+    docker_env: Dockerd, sim_image: str, certs: DevCerts, tmp_path: Path
+) -> None:
+    """Pulled from a registry, the tag has a registry digest: freeze pins it, every launch runs that digest (the
+    tag moving mid-run changes nothing), and image_pinned passes naming it. The same push as the test above."""
+    with running_registry() as registry:
+        digest = registry.publish(docker_env.client, sim_image, "k3repro/vllm-sim", "pinned")
+        repository = f"{registry.host}/k3repro/vllm-sim"
+        docker_env.client.images.pull(repository, tag="pinned")
+    tag = f"{repository}:pinned"
+    before = docker_env.client.images.get(tag).id
+    assert docker_env.client.images.get(tag).attrs["RepoDigests"] == [f"{repository}@{digest}"]
+    _import_sim_image(docker_env, "k3repro/vllm-sim:build2", "build=2")
+    moved = asyncio.Event()
+
+    async def repush_after_the_first_failure(event: pb.RunEvent) -> None:
+        if event.HasField("first_error") and not moved.is_set():
+            await asyncio.to_thread(docker_env.client.images.get("k3repro/vllm-sim:build2").tag, repository, "pinned")
+            moved.set()
+
+    engine = {**_docker_engine("demo", gpus=False), "failure_attempts": 2}
+    data = runner_data(certs, tmp_path / "runner", allowed_images=[f"{repository}:*"], engine=engine)
+    events: list[pb.RunEvent] = []
+
+    async def record(event: pb.RunEvent) -> None:
+        events.append(event)
+        await repush_after_the_first_failure(event)
+
+    async with running_runner(data) as daemon:
+        config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"], image=tag)
+        store = AsyncStore(config.store)
+        core = Coordinator(config, store)
+        finished = await core.follow(await core.start("cluster-a", "U1"), record)
+        store.close()
+    assert moved.is_set() and docker_env.client.images.get(tag).id != before
+    assert finished.launches >= 2 and not [r for r in finished.reasons if "moved during the run" in r]
+    report = json.loads(next(e.artifact.content for e in events if e.artifact.name == "baseline"))
+    pinned = next(r for r in report["rules"] if r["id"] == "image_pinned")
+    assert pinned["status"] == "pass" and pinned["message"] == f"tag pinned by freeze to {digest}"
+    fingerprint = json.loads(next(e.artifact.content for e in events if e.artifact.name == "fingerprint"))
+    assert fingerprint["image"]["pinned_ref"] == f"{repository}@{digest}"
     assert _labelled(docker_env) == []
