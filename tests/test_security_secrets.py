@@ -163,7 +163,11 @@ async def test_no_planted_secret_reaches_store_journal_bundle_slack_or_terminal(
             (tmp_path / "k3.toml").write_text(f'store = "{tmp_path / "k3.db"}"\n[clusters]\n')
             assert main(["--config", str(tmp_path / "k3.toml"), *args]) == 0
     printed = capsys.readouterr()
-    slack = json.dumps([c.body for c in api.calls]) + json.dumps(api.messages) + json.dumps(api.files)
+    slack = (
+        json.dumps([c.body for c in api.calls])
+        + json.dumps(api.messages)
+        + json.dumps(api.files, default=lambda data: data.decode("utf-8", "replace"))
+    )
     places = {
         "the bot store": b"".join(_files(tmp_path).get(n, b"") for n in ("k3.db", "k3.db-wal")),
         "the runner's journal": b"".join(_files(tmp_path / "runner").values()),
