@@ -84,3 +84,9 @@ def test_the_cli_refuses_bad_input_in_one_line(certs: DevCerts, tmp_path: Path) 
     for speed in ("0", "-5", "nan", "fast"):
         result = subprocess.run([BIN / "k3repro", "demo", "--speed", speed], capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and "Traceback" not in result.stderr and "--speed" in result.stderr
+    for launch, said in (("vllm serve 'unbalanced", "--launch: No closing quotation"), ("", "--launch: empty command")):
+        result = subprocess.run(
+            [BIN / "k3repro", "demo", "--launch", launch], capture_output=True, text=True, timeout=60
+        )
+        _one_line(result, "k3repro")
+        assert said in result.stderr
