@@ -1,4 +1,4 @@
-"""verdict: the ten checklist items filled from the run's evidence, and the decision fix / isolate / continue."""
+"""verdict: the checklist items filled from the run's evidence, and the decision fix / isolate / continue."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def decide(ctx: RunContext) -> tuple[pb.Decision, list[str]]:
         return pb.DECISION_ISOLATE, unstable
     missing = [item for item in CHECKLIST_IDS if _state(ctx, item) != HOLDS]
     if not missing:
-        return pb.DECISION_FIX, ["all ten checklist items hold: fix in place, one change at a time"]
+        return pb.DECISION_FIX, [f"all {len(CHECKLIST_IDS)} checklist items hold: fix in place, one change at a time"]
     reasons = [f"no evidence yet for: {', '.join(missing)}"]
     if any(ctx.holders):
         holders = ", ".join(ctx.holder_notes[p] for p in sorted(frozenset().union(*ctx.holders)))
