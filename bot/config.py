@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runner.tls import pem_problem
 from runner.toml_reader import ConfigError, TomlReader, read_toml
 
 DEFAULT_CONFIG = "k3repro.toml"
@@ -160,14 +161,9 @@ def check_tls(tls: ClientTls | None) -> None:
     if tls is None:
         return
     for name, path in (("ca", tls.ca), ("cert", tls.cert), ("key", tls.key)):
-        if path is None:
-            continue
-        try:
-            text = path.read_bytes()
-        except OSError as exc:
-            raise ConfigError(f"[tls] {name}: cannot read {path}: {exc.strerror}") from None
-        if b"-----BEGIN " not in text:
-            raise ConfigError(f"[tls] {name}: {path} is not a PEM file")
+        problem = pem_problem(path) if path is not None else None
+        if problem is not None:
+            raise ConfigError(f"[tls] {name}: {problem}")
 
 
 SLACK_SECRETS = {

@@ -30,7 +30,7 @@ from runner.journal import Journal
 from runner.metrics import RunnerMetrics
 from runner.runs import RunHub
 from runner.service import RunnerService
-from runner.tls import server_credentials
+from runner.tls import pem_problem, server_credentials
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Runner"].full_name
@@ -195,16 +195,10 @@ def _lock_state_dir(state_dir: Path) -> IO[str]:
 
 
 def _check_pem(*paths: Path | None) -> None:
-    """The TLS files, readable and PEM: gRPC would otherwise fail deep inside, or serve nothing."""
     for path in paths:
-        if path is None:
-            continue
-        try:
-            text = path.read_bytes()
-        except OSError as exc:
-            raise DaemonStartError(f"cannot read the TLS file {path}: {exc.strerror}") from None
-        if b"-----BEGIN " not in text:
-            raise DaemonStartError(f"the TLS file {path} is not PEM")
+        problem = pem_problem(path) if path is not None else None
+        if problem is not None:
+            raise DaemonStartError(f"TLS: {problem}")
 
 
 def _check_bindable(listen: str) -> None:

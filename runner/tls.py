@@ -16,6 +16,16 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from runner.config import TlsFiles
 
 
+def pem_problem(path: Path) -> str | None:
+    """Why a TLS file cannot be used (unreadable, not PEM), None when it can: said in one line before gRPC
+    would fail deep inside, or serve nothing."""
+    try:
+        text = path.read_bytes()
+    except OSError as exc:
+        return f"cannot read {path}: {exc.strerror}"
+    return None if b"-----BEGIN " in text else f"{path} is not a PEM file"
+
+
 def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
     """With a client CA, clients must present a certificate it signed (mTLS)."""
     key, cert = tls.key.read_bytes(), tls.cert.read_bytes()

@@ -1,4 +1,5 @@
-"""Follows a running engine's log: redacts, analyzes line by line, and streams findings and log chunks."""
+"""Follows a running engine's log: analyzes it line by line and streams findings and log chunks (redacted where
+every event is, runner/events.py: nothing here leaves the runner any other way)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from protos.vocab import from_id
 from runner.analyzer import ErrorFinding, PhaseFinding, Stall, StreamAnalyzer
 from runner.analyzer.messages import first_error_message
 from runner.engines import RunningEngine
-from runner.redact import redactor
 from runner.stages.context import Emit
 
 CHUNK_LINES = 200  # a log chunk is sent when this many lines wait ...
@@ -50,11 +50,10 @@ class LogFollower:
         return self._task.done()
 
     async def _follow(self) -> None:
-        redact = redactor().line
         flusher = asyncio.create_task(self._flush_periodically())
         try:
             async for line in self.engine.lines():
-                text = redact(line.text)
+                text = line.text
                 self.tail.append(text)
                 if not self._pending:
                     self._pending_since = time.monotonic()
