@@ -284,6 +284,34 @@ def test_the_echo_of_a_deliberate_stop_after_serving_is_healthy(stop: str) -> No
     assert any(reason.startswith("stop: line 5 stopped a serving server on purpose") for reason in result.why)
 
 
+def test_a_log_of_vllms_own_stream_alone_knows_it_was_serving() -> None:
+    """`vllm serve ... > log`: uvicorn's `Application startup complete` went to the other stream. vLLM's own
+    last start-up line marks readiness; the stop's EngineDeadError (0.32 logs it after the stop notice) is its echo."""
+    stdout_only = [
+        READY[0],
+        READY[1],
+        f"{API}INFO 11-05 03:10:40 [api_server.py:1800] Starting vLLM server on http://0.0.0.0:8000",
+        f"{API}INFO 11-05 03:10:40 [launcher.py:40] Available routes are:",
+        READY[3],
+        STOPS["engine signal"],
+        HANDLER,
+        *ECHO,
+    ]
+    result = analyzed(stdout_only)
+    assert result.first_error is None and result.healthy
+    assert result.phases_seen[-1] == "request"
+
+
+def test_an_error_after_vllms_last_start_up_line_is_a_request_error() -> None:
+    lines = [
+        READY[0],
+        READY[1],
+        f"{API}INFO 11-05 03:10:40 [api_server.py:1800] Starting vLLM API server 0 on http://h:8000",
+    ]
+    error = first([*lines, HANDLER, *ECHO])
+    assert (error.line, error.phase) == (HANDLER, "request")
+
+
 def test_a_keyboard_interrupt_of_a_serving_server_is_a_stop() -> None:
     interrupt = traceback("", ["main", "run_server", "serve_http"], "KeyboardInterrupt")
     result = analyzed([*READY, *interrupt, *ECHO, "asyncio.exceptions.CancelledError"])

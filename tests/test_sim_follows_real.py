@@ -14,13 +14,14 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -113,11 +114,8 @@ class Served:
     metrics: str = ""
     stdout: str = ""
     stderr: str = ""
+    log: str = ""  # both streams merged line by line as they arrive, as the runner reads a launch
     code: int | None = None
-
-    @property
-    def log(self) -> str:
-        return self.stdout + self.stderr
 
     def json(self, name: str) -> Any:
         return json.loads(self.answers[name][1])
@@ -135,23 +133,45 @@ def _call(url: str, method: str, path: str, body: Any) -> tuple[int, str]:
 
 def _serve(argv: list[str], env: dict[str, str], tmp: Path, name: str, port: int) -> Served:
     """Starts a server in its own process group, sends REQUESTS, stops it with SIGTERM to the group (as the
-    runner's process backend does) and returns what it answered and wrote. The group is killed whatever happens."""
-    out, err = tmp / f"{name}.out", tmp / f"{name}.err"
+    runner's process backend does) and returns what it answered and wrote. The group is killed whatever happens.
+
+    Each stream is read by a thread of its own and the lines merged in the order they arrive (the runner's
+    way): a stop's echo can only be told from a failure when the stop notice and the readiness line, which
+    vLLM writes to different streams, keep their order."""
     url = f"http://{HOST}:{port}"
     served = Served()
-    with out.open("wb") as stdout, err.open("wb") as stderr:
-        process = subprocess.Popen(argv, stdout=stdout, stderr=stderr, env=env, cwd=tmp, start_new_session=True)
+    streams: dict[str, list[str]] = {"stdout": [], "stderr": []}
+    merged: list[str] = []
+    lock = threading.Lock()
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp, start_new_session=True
+    )
+
+    def read(pipe: IO[bytes], lines: list[str]) -> None:
+        for raw in pipe:
+            line = raw.decode(errors="replace")
+            with lock:
+                lines.append(line)
+                merged.append(line)
+
+    readers = [
+        threading.Thread(target=read, args=(pipe, streams[key]), daemon=True)
+        for key, pipe in (("stdout", process.stdout), ("stderr", process.stderr))
+    ]
+    for reader in readers:
+        reader.start()
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not _healthy(url):
             if time.monotonic() > deadline or process.poll() is not None:
-                raise AssertionError(f"{name} never became healthy:\n{err.read_text()[-3000:]}")
+                with lock:
+                    raise AssertionError(f"{name} never became healthy:\n{''.join(streams['stderr'])[-3000:]}")
             time.sleep(0.5)
         served.metrics_before = _call(url, "GET", "/metrics", None)[1]
         for key, (method, path, body) in REQUESTS.items():
             served.answers[key] = _call(url, method, path, body)
         served.metrics = _call(url, "GET", "/metrics", None)[1]
-        time.sleep(0.5)  # let the access log of the last request reach the file before the stop
+        time.sleep(0.5)  # let the access log of the last request arrive before the stop
         os.killpg(process.pid, signal.SIGTERM)
         served.code = process.wait(60)
     finally:
@@ -160,8 +180,11 @@ def _serve(argv: list[str], env: dict[str, str], tmp: Path, name: str, port: int
             process.wait(10)
         with contextlib.suppress(ProcessLookupError):  # no child of the group (EngineCore, its worker) outlives us
             os.killpg(process.pid, signal.SIGKILL)
-    served.stdout = out.read_bytes().decode(errors="replace")
-    served.stderr = err.read_bytes().decode(errors="replace")
+        for reader in readers:
+            reader.join(30)
+    (tmp / f"{name}.log").write_text("".join(merged))  # kept for a reader of a failure
+    served.stdout, served.stderr = ("".join(streams[key]) for key in ("stdout", "stderr"))
+    served.log = "".join(merged)
     return served
 
 
