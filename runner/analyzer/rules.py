@@ -137,10 +137,8 @@ class Rules:
     secondary_oom_hint: str
     signature_replace: tuple[tuple[re.Pattern[str], str], ...]
     signature_max_chars: int
-    # One alternation of every error rule (and of the OOM rules, all that matters once the first error
-    # is known): a single search rejects most lines before the ordered per-rule checks.
+    # One alternation of every error rule: a single search rejects most lines before the ordered per-rule checks.
     rule_gate: re.Pattern[str]
-    oom_gate: re.Pattern[str]
     frame_gate: re.Pattern[str]
     context_frame_gate: re.Pattern[str]  # the contexts' frames
     scan: ScanSyntax | None  # None when some pattern has no literal: whole-file analysis reads every line
@@ -354,7 +352,6 @@ def parse_rules(data: Mapping[str, Any], origin: str = "rules.toml") -> Rules:
         signature_replace=tuple(replacements),
         signature_max_chars=sig.integer("max_chars"),
         rule_gate=gate((r.pattern for r in rules), "rule gate"),
-        oom_gate=gate((r.pattern for r in rules if r.category == "oom"), "oom gate"),
         frame_gate=gate((h.pattern for h in frame_hints), "frame gate"),
         context_frame_gate=gate((c.frames for c in contexts if c.frames), "context frame gate"),
         scan=scan,

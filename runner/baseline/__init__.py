@@ -16,7 +16,6 @@ from runner.baseline.checks import CHECKS
 from runner.baseline.facts import Facts
 from runner.toml_reader import ConfigError, TomlReader, read_toml
 
-STATUSES = ("pass", "warn", "fail", "unknown")
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 
 

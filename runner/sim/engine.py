@@ -43,10 +43,6 @@ class Generation:
     finish_reason: str  # "stop" | "length"
     tools: bool = False  # the request offers tools
 
-    @property
-    def text_tokens(self) -> list[str]:
-        return [token for token in self.output if token != _EOS]
-
 
 class Engine:
     def __init__(self, facts: Facts, catalog: Catalog, log: LogWriter, procs: Procs, clock: SimClock) -> None:
