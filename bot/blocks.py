@@ -39,6 +39,7 @@ _BOLD = re.compile(r"(?<![\w*])\*([^*\n]+)\*(?![\w*])")
 _LINK = re.compile(r"<(?:[@#!])?([^<>|]+)(?:\|([^<>]+))?>")
 ACTION_RERUN = "k3repro_rerun_isolated"
 ACTION_CANCEL = "k3repro_cancel"
+ACTION_MINIMIZE = "k3repro_minimize"
 METADATA_EVENT = "k3repro_run"
 
 RUN_MARK = {"running": "🔄", "completed": "✅", "cancelled": "⊘", "error": "⚠️", "lost": "⚠️"}
@@ -163,6 +164,10 @@ def card(view: RunRecord) -> Message:
     buttons: list[Block] = [
         {"type": "button", "action_id": ACTION_RERUN, "text": _plain("Rerun on isolated node"), "value": view.run_id}
     ]
+    if view.final and view.trigger is not None:  # the ladder named a trigger step: its flags can be shrunk
+        buttons.append(
+            {"type": "button", "action_id": ACTION_MINIMIZE, "text": _plain("Minimize flags"), "value": view.run_id}
+        )
     if not view.final:
         buttons.append(
             {

@@ -7,13 +7,13 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from bot.commands import analyze, bundle, check, demo, dev_certs, diff, fingerprint, note, rerun, runs, start
+from bot.commands import analyze, bundle, check, demo, dev_certs, diff, fingerprint, minimize, note, rerun, runs, start
 from bot.commands.common import CommandError
 from bot.config import CONFIG_ENV, DEFAULT_CONFIG
 from bot.store import StoreUnavailable
 from runner.toml_reader import ConfigError
 
-COMMANDS = (start, runs, note, rerun, bundle, demo, dev_certs, analyze, fingerprint, check, diff)
+COMMANDS = (start, runs, note, rerun, minimize, bundle, demo, dev_certs, analyze, fingerprint, check, diff)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -50,14 +50,18 @@ class Coordinator:
         profile: str = "",
         image: str = "",
         deployment_error: pb.FirstError | None = None,
+        argv: list[str] | None = None,
+        minimize: pb.Minimize | None = None,
     ) -> StartedRun:
         """Validates, dispatches and records a run, and returns once its runner has accepted it (its first event);
         `follow` then streams it. A refusal, the runner's included, leaves only its audit line. `profile`/`image`
         override the cluster's for this run (the runner still checks the image against its allowlist);
-        `deployment_error` is the first error of the failing deployment's own log, which freeze records."""
+        `deployment_error` is the first error of the failing deployment's own log, which freeze records; `argv`
+        replaces the cluster's launch command (a minimize run launches what its original run launched)."""
         try:
             cluster = self.config.cluster(cluster_name)
-            parse_launch_command(list(cluster.launch_argv))
+            launch_argv = list(argv if argv is not None else cluster.launch_argv)
+            parse_launch_command(launch_argv)
         except ConfigError as exc:
             raise Refused(str(exc)) from None
         except LaunchCommandError as exc:
@@ -76,7 +80,7 @@ class Coordinator:
             run_id=run_id,
             cluster=cluster.name,
             image=image,
-            launch_argv=list(cluster.launch_argv),
+            launch_argv=launch_argv,
             request=pb.FixedRequest(
                 api=cluster.request.api, body_json=cluster.request.body_json, repeats=cluster.request.repeats
             ),
@@ -84,6 +88,7 @@ class Coordinator:
             requested_by=requested_by,
             changes=[pb.Change(at=c["at"], what=c["what"], by=c["by"] or "") for c in changes],
             deployment_error=deployment_error,
+            minimize=minimize,
         )
         row = {
             "id": run_id,
@@ -94,11 +99,12 @@ class Coordinator:
             "image": image,
             "request_json": json.dumps(
                 {
-                    "argv": list(cluster.launch_argv),
+                    "argv": launch_argv,
                     "request": cluster.request.body_json,
                     "api": cluster.request.api,
                     "repeats": cluster.request.repeats,
                     "profile": request.profile,
+                    **({"minimize_of": minimize.original_run_id} if minimize is not None else {}),
                 }
             ),
         }

@@ -204,6 +204,11 @@ class RunRecord:
     def ladder(self) -> list[LadderStep]:
         return [step for step in self.steps if isinstance(step, LadderStep)]
 
+    @property
+    def trigger(self) -> LadderStep | None:
+        """The ladder step that triggered the failure: the first one that failed."""
+        return next((step for step in self.ladder if step.signature), None)
+
     def failure(self) -> dict[str, str] | None:
         """Where the run first failed and how: its first error, else the first stage that failed without one
         (e.g. a baseline the scene does not meet)."""

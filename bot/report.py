@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from bot.record import RunRecord
@@ -10,12 +11,14 @@ from protos.vocab import CHECKLIST_IDS
 
 
 def run_report(run_id: str, events: list[pb.RunEvent]) -> dict[str, Any]:
-    """`{"run_id", "decision", "checklist", "first_error", "ladder", "trigger_step", "candidates", "launches"}`."""
+    """`{"run_id", "decision", "checklist", "first_error", "ladder", "trigger_step", "candidates", "launches",
+    "minimal_failing_command"}`."""
     return report(RunRecord.replay(run_id, events))
 
 
 def report(record: RunRecord) -> dict[str, Any]:
     error, failures = record.first_error, [step for step in record.ladder if step.signature]
+    minimized = record.artifacts.get("minimal_failing_command")
     checks = {item: check.holds for item, check in record.checklist.items()}
     return {
         "run_id": record.run_id,
@@ -31,11 +34,13 @@ def report(record: RunRecord) -> dict[str, Any]:
             "secondary_oom": error.secondary_oom,
         },
         "ladder": [{"step": s.step, "outcome": s.outcome, "relaunched": s.relaunched} for s in record.ladder],
-        "trigger_step": failures[0].step if failures else None,
+        "trigger_step": record.trigger.step if record.trigger else None,
         "candidates": [
             {"step": s.step, "phase": s.phase or None, "category": s.category or None, "signature": s.signature}
             for s in failures[1:]
             if s.outcome != "same_as_target"
         ],
         "launches": record.finished.launches if record.finished is not None else 0,
+        # a minimize run's result: the 1-minimal failing command, the flags shown irrelevant, every test
+        "minimal_failing_command": json.loads(minimized) if minimized else None,
     }

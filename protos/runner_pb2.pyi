@@ -19,6 +19,7 @@ class Stage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STAGE_SINGLE_REQUEST: _ClassVar[Stage]
     STAGE_LADDER: _ClassVar[Stage]
     STAGE_VERDICT: _ClassVar[Stage]
+    STAGE_MINIMIZE: _ClassVar[Stage]
 
 class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -118,6 +119,7 @@ STAGE_MINIMAL_LAUNCH: Stage
 STAGE_SINGLE_REQUEST: Stage
 STAGE_LADDER: Stage
 STAGE_VERDICT: Stage
+STAGE_MINIMIZE: Stage
 PHASE_UNSPECIFIED: Phase
 PHASE_CONTAINER_INIT: Phase
 PHASE_GPU_DETECT: Phase
@@ -205,7 +207,7 @@ class Change(_message.Message):
     def __init__(self, at: _Optional[str] = ..., what: _Optional[str] = ..., by: _Optional[str] = ...) -> None: ...
 
 class StartRunRequest(_message.Message):
-    __slots__ = ("run_id", "cluster", "image", "launch_argv", "request", "profile", "requested_by", "changes", "rerun", "deployment_error")
+    __slots__ = ("run_id", "cluster", "image", "launch_argv", "request", "profile", "requested_by", "changes", "rerun", "deployment_error", "minimize")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +218,7 @@ class StartRunRequest(_message.Message):
     CHANGES_FIELD_NUMBER: _ClassVar[int]
     RERUN_FIELD_NUMBER: _ClassVar[int]
     DEPLOYMENT_ERROR_FIELD_NUMBER: _ClassVar[int]
+    MINIMIZE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     cluster: str
     image: str
@@ -226,7 +229,22 @@ class StartRunRequest(_message.Message):
     changes: _containers.RepeatedCompositeFieldContainer[Change]
     rerun: Rerun
     deployment_error: FirstError
-    def __init__(self, run_id: _Optional[str] = ..., cluster: _Optional[str] = ..., image: _Optional[str] = ..., launch_argv: _Optional[_Iterable[str]] = ..., request: _Optional[_Union[FixedRequest, _Mapping]] = ..., profile: _Optional[str] = ..., requested_by: _Optional[str] = ..., changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ..., rerun: _Optional[_Union[Rerun, _Mapping]] = ..., deployment_error: _Optional[_Union[FirstError, _Mapping]] = ...) -> None: ...
+    minimize: Minimize
+    def __init__(self, run_id: _Optional[str] = ..., cluster: _Optional[str] = ..., image: _Optional[str] = ..., launch_argv: _Optional[_Iterable[str]] = ..., request: _Optional[_Union[FixedRequest, _Mapping]] = ..., profile: _Optional[str] = ..., requested_by: _Optional[str] = ..., changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ..., rerun: _Optional[_Union[Rerun, _Mapping]] = ..., deployment_error: _Optional[_Union[FirstError, _Mapping]] = ..., minimize: _Optional[_Union[Minimize, _Mapping]] = ...) -> None: ...
+
+class Minimize(_message.Message):
+    __slots__ = ("original_run_id", "step", "phase", "category", "signature")
+    ORIGINAL_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    original_run_id: str
+    step: LadderStepId
+    phase: Phase
+    category: ErrorCategory
+    signature: str
+    def __init__(self, original_run_id: _Optional[str] = ..., step: _Optional[_Union[LadderStepId, str]] = ..., phase: _Optional[_Union[Phase, str]] = ..., category: _Optional[_Union[ErrorCategory, str]] = ..., signature: _Optional[str] = ...) -> None: ...
 
 class Rerun(_message.Message):
     __slots__ = ("original_run_id", "bundle_sha256", "image_digest")

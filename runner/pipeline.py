@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
-from runner.stages import baseline, freeze, ladder, minimal_launch, single_request, verdict
+from runner.stages import baseline, freeze, ladder, minimal_launch, minimize, single_request, verdict
 from runner.stages.context import RunContext, StageResult
 from runner.stages.launcher import release
 
@@ -23,14 +23,21 @@ STAGES: tuple[tuple[pb.Stage, StageFn], ...] = (
     (pb.STAGE_SINGLE_REQUEST, single_request.run),
     (pb.STAGE_LADDER, ladder.run),
 )
+# A minimize run freezes the scene it runs on, then shrinks the flag set; it reaches no decision of its own.
+MINIMIZE_STAGES: tuple[tuple[pb.Stage, StageFn], ...] = (
+    (pb.STAGE_FREEZE, freeze.run),
+    (pb.STAGE_MINIMIZE, minimize.run),
+)
 
 
 async def execute(ctx: RunContext, cancel_reason: Callable[[], str]) -> pb.RunFinished:
     """Runs the stages and releases the engine; returns how the run finished, for the caller to report last
     (nothing may follow it, and the runner must already be free when a bot reads it)."""
     try:
-        summary = await _stages(ctx)
-        await _run_stage(ctx, pb.STAGE_VERDICT, verdict.run)
+        minimizing = ctx.request.HasField("minimize")
+        summary = await _stages(ctx, MINIMIZE_STAGES if minimizing else STAGES)
+        if not minimizing:
+            await _run_stage(ctx, pb.STAGE_VERDICT, verdict.run)
         finished = pb.RunFinished(
             status=pb.RUN_STATUS_COMPLETED, decision=ctx.decision, reasons=ctx.reasons, summary=summary
         )
@@ -49,11 +56,11 @@ async def execute(ctx: RunContext, cancel_reason: Callable[[], str]) -> pb.RunFi
     return finished
 
 
-async def _stages(ctx: RunContext) -> str:
+async def _stages(ctx: RunContext, stages: tuple[tuple[pb.Stage, StageFn], ...]) -> str:
     """Runs each stage; once one does not succeed, the rest are skipped. Returns the run's one-line summary."""
     stopped_at: StageResult | None = None
     stopped_stage: pb.Stage = pb.STAGE_UNSPECIFIED
-    for stage, run_stage in STAGES:
+    for stage, run_stage in stages:
         if stopped_at is not None:
             skipped = f"skipped: {to_id(pb.Stage, stopped_stage)} did not succeed"
             await ctx.emit(

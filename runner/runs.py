@@ -80,6 +80,12 @@ class RunHub:
                 f"rerun of {request.rerun.original_run_id}: image {request.image!r} is not the bundle's digest "
                 f"{request.rerun.image_digest} (a tag can move; a rerun runs exactly what failed)",
             )
+        if request.HasField("minimize") and (
+            request.minimize.step == pb.LADDER_STEP_ID_UNSPECIFIED
+            or request.minimize.phase == pb.PHASE_UNSPECIFIED
+            or not request.minimize.signature
+        ):
+            raise RunRejected("INVALID_ARGUMENT", "minimize needs the trigger step, its phase and its signature")
         if request.profile:  # checked now, not at the baseline stage: a typo must not cost a freeze and a run
             try:
                 load_baseline(request.profile, self.config.baseline_dirs)

@@ -298,6 +298,10 @@ async def settle(served: Served) -> None:
     await served.bot.idle()
 
 
+def block_text(message: dict[str, Any]) -> str:
+    return json.dumps(message["blocks"], ensure_ascii=False)
+
+
 def parent_of(api: SlackApi) -> dict[str, Any] | None:
     return next((m for m in api.messages.values() if m["channel"] == "C-OPS" and "thread_ts" not in m), None)
 

@@ -19,7 +19,7 @@ def test_generated_code_matches_the_proto(tmp_path: Path) -> None:
 
 def test_vocabulary_is_the_designs() -> None:
     assert vocab.PHASES == ["container_init", "gpu_detect", "weight_load", "engine_init", "api_listen", "request"]
-    assert vocab.STAGES == ["freeze", "baseline", "minimal_launch", "single_request", "ladder", "verdict"]
+    assert vocab.STAGES == ["freeze", "baseline", "minimal_launch", "single_request", "ladder", "verdict", "minimize"]
     assert vocab.CATEGORIES == [
         "driver_cuda_init", "ptx_toolchain", "nccl_comm", "oom", "cudagraph", "kv_cache_capacity",
         "weight_load", "model_config", "compile", "port_in_use", "request_error", "other",

@@ -32,6 +32,7 @@ from tests.slack_api import (
     SlackApi,
     action_body,
     action_payload,
+    block_text,
     command_body,
     parent_of,
     post,
@@ -44,10 +45,6 @@ from tests.slack_api import (
 
 def verdict_posted(api: SlackApi) -> bool:
     return any(m.get("reply_broadcast") for m in api.messages.values())
-
-
-def block_text(message: dict[str, Any]) -> str:
-    return json.dumps(message["blocks"], ensure_ascii=False)
 
 
 async def test_a_slash_command_starts_a_run_whose_thread_tells_the_story(

@@ -8,7 +8,7 @@ from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.authorization import AuthorizeResult
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.blocks import ACTION_CANCEL, ACTION_RERUN
+from bot.blocks import ACTION_CANCEL, ACTION_MINIMIZE, ACTION_RERUN
 from bot.config import SlackConfig
 from bot.slack.handlers import Handlers
 
@@ -33,4 +33,5 @@ def build_app(settings: SlackConfig, identity: dict[str, Any], handlers: Handler
     app.command(settings.command)(handlers.on_command)
     app.action(ACTION_CANCEL)(handlers.on_action)
     app.action(ACTION_RERUN)(handlers.on_action)
+    app.action(ACTION_MINIMIZE)(handlers.on_action)
     return app

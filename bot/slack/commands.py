@@ -46,6 +46,12 @@ SPECS: dict[str, Spec] = {
         choices={"where": ("isolated",)},
         operates=True,
     ),
+    "minimize": Spec(
+        "minimize RUN",
+        "shrink a finished run's flags to a 1-minimal set that fails the same way (a run of its own)",
+        required=("run",),
+        operates=True,
+    ),
     "runners": Spec("runners [CLUSTER]", "every runner: reachable, idle or busy", optional=("cluster",)),
     "baseline": Spec("baseline [PROFILE]", "the compatibility baseline a run checks against", optional=("profile",)),
     "note": Spec(

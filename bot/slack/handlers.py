@@ -13,8 +13,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bot.blocks import ACTION_CANCEL, ACTION_RERUN, MAX_SECTION, clip
+from bot.blocks import ACTION_CANCEL, ACTION_MINIMIZE, ACTION_RERUN, MAX_SECTION, clip
 from bot.coordinator import Coordinator
+from bot.minimize import start_minimize
 from bot.refusal import Refused
 from bot.slack.access import Access
 from bot.slack.commands import Command, CommandError, help_text, parse
@@ -29,7 +30,11 @@ from runner.toml_reader import ConfigError
 log = logging.getLogger("k3repro.slack")
 
 Ack = Callable[..., Awaitable[None]]
-ACTIONS = {ACTION_CANCEL: ("cancel", {}), ACTION_RERUN: ("rerun", {"where": "isolated"})}  # button -> command
+ACTIONS = {  # button -> command
+    ACTION_CANCEL: ("cancel", {}),
+    ACTION_RERUN: ("rerun", {"where": "isolated"}),
+    ACTION_MINIMIZE: ("minimize", {}),
+}
 
 
 @dataclass(frozen=True)
@@ -176,6 +181,16 @@ class Handlers:
         found = await self.store.call(Store.get_run, run)
         await self._operator(request, found["cluster"])
         return await self.threads.rerun(found["id"], request.user, request.channel)
+
+    async def _do_minimize(self, request: Request, run: str) -> str:
+        """A run of its own, with its own card and thread; the original's thread is told where it went."""
+        found = await self.store.call(Store.get_run, run)
+        await self._operator(request, found["cluster"])
+        started = await start_minimize(self.core, found["id"], request.user, via="slack", place=request.channel)
+        await self.threads.open(started, request.channel, request.team_domain)
+        text = f"🔬 minimize run `{started.run_id}` started by <@{request.user}>: its own thread has the search"
+        await self.threads.note_in_thread(found["id"], request.channel, text, f"minimize:{started.run_id}")
+        return ""
 
     async def _do_runners(self, request: Request, cluster: str = "") -> str:
         """Anyone sees each runner's name, backend and whether it is busy; its address, host name and why it

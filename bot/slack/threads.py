@@ -149,6 +149,11 @@ class Threads:
 
         return post
 
+    async def note_in_thread(self, run_id: str, channel: str, text: str, key: str) -> None:
+        """One line in a run's thread (once per `key`), e.g. where a minimize run of it went."""
+        post = await self._poster(run_id, channel)
+        await post(f"{run_id}:{key}", blocks.fit(text, [blocks.section(text)]))
+
     async def idle(self) -> None:
         await self._tasks.wait()
 

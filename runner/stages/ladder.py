@@ -362,3 +362,10 @@ def _before(ctx: RunContext, trigger: StepOutcome) -> ServeCommand:
         if flags and outcome.failure is None and outcome.outcome != pb.LADDER_OUTCOME_NOT_APPLICABLE:
             command = command.with_step_from(ctx.command, flags)
     return command
+
+
+async def probe(ctx: RunContext, step_id: str) -> StepOutcome:
+    """A step's probe on the server that is running (a minimize test sends what the trigger step sent)."""
+    spec = ladder_spec()
+    step = next(s for s in spec.steps if s.id == step_id)
+    return await _probe(ctx, spec, step, relaunched=True)

@@ -1,0 +1,52 @@
+"""`k3repro minimize RUN`: shrink a finished run's flags to a 1-minimal set that still fails the same way."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from bot.commands.common import CommandError, EventPrinter, coordinator, load_config, operator
+from bot.consumer import RunLost, RunRefused
+from bot.minimize import result_lines, start_minimize
+from bot.record import RunRecord, StageResult
+from bot.refusal import Refused
+from bot.store import RunNotFound, Store
+from protos import runner_pb2 as pb
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "minimize", help="shrink a run's flags to a 1-minimal set that fails the same way (a run of its own)"
+    )
+    parser.add_argument("run", help="a finished run whose ladder named a trigger step")
+    parser.add_argument("--logs", action="store_true", help="also print the engine's log as it arrives")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_minimize(args))
+    except KeyboardInterrupt:
+        print("\ndetached; the minimize run goes on on its runner (k3repro watch RUN / k3repro cancel RUN)")
+        return 130
+
+
+async def _minimize(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    printer = EventPrinter(logs=args.logs)
+    async with coordinator(config) as core:
+        try:
+            started = await start_minimize(core, args.run, operator())
+        except (Refused, RunNotFound) as exc:
+            raise CommandError(str(exc).strip("'\"")) from None
+        print(f"minimize run {started.run_id} of {args.run} · runner {started.runner}", flush=True)
+        try:
+            finished = await core.follow(started, printer, printer.reconnecting)
+        except (RunRefused, RunLost) as exc:
+            raise CommandError(str(exc)) from None
+        record = RunRecord.replay(started.run_id, await core.store.call(Store.events, started.run_id))
+    print()
+    for line in result_lines(record):
+        print(line)
+    shrunk = any(isinstance(s, StageResult) and s.stage == "minimize" and s.status == "ok" for s in record.steps)
+    return 0 if finished.status == pb.RUN_STATUS_COMPLETED and shrunk else 1

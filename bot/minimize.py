@@ -1,0 +1,98 @@
+"""`minimize`: a run of its own that shrinks a finished run's flags to a 1-minimal set failing the same way.
+
+The original run's ladder named the trigger step and its failure (phase, category, signature); the minimize
+run launches what the original launched, on its cluster, and the runner's minimize stage does the search
+(runner/stages/minimize.py). Slack's button and the CLI both start it here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from bot.coordinator import Coordinator, StartedRun
+from bot.record import RunRecord
+from bot.refusal import Refused
+from bot.store import Store
+from protos import runner_pb2 as pb
+from protos.vocab import from_id
+
+
+def minimize_target(record: RunRecord) -> pb.Minimize:
+    """What a minimize run of `record` reproduces; Refused (one line) when there is nothing to shrink."""
+    if not record.final:
+        raise Refused(f"run {record.run_id} has not finished; minimize it once its ladder named a trigger")
+    trigger = record.trigger
+    if trigger is None:
+        raise Refused(
+            f"run {record.run_id} has no ladder step that triggered its failure (it failed before the ladder, or "
+            "every step held): no flag to shrink"
+        )
+    return pb.Minimize(
+        original_run_id=record.run_id,
+        step=from_id(pb.LadderStepId, trigger.step),
+        phase=from_id(pb.Phase, trigger.phase) if trigger.phase else pb.PHASE_UNSPECIFIED,
+        category=from_id(pb.ErrorCategory, trigger.category) if trigger.category else pb.ERROR_CATEGORY_UNSPECIFIED,
+        signature=trigger.signature,
+    )
+
+
+async def start_minimize(
+    core: Coordinator, run_id: str, requested_by: str, *, via: str = "cli", place: str = ""
+) -> StartedRun:
+    """Starts the minimize run of `run_id` on its cluster (returns once its runner accepted it)."""
+    store = core.store
+    original = await store.call(Store.get_run, run_id)
+    if original["rerun_of"]:
+        raise Refused(f"run {original['id']} is an isolated rerun; minimize {original['rerun_of']}, the run it replays")
+    asked: dict[str, Any] = json.loads(original["request_json"] or "{}")
+    if asked.get("minimize_of"):
+        raise Refused(f"run {original['id']} is itself a minimize run of {asked['minimize_of']}")
+    events = await store.call(Store.events, original["id"])
+    record = RunRecord.replay(original["id"], events)
+    record.status = original["status"]
+    target = minimize_target(record)
+    argv = asked.get("argv")
+    if not isinstance(argv, list) or not all(isinstance(token, str) for token in argv):
+        raise Refused(f"run {original['id']} has no stored launch command to minimize")
+    started = await core.start(
+        original["cluster"],
+        requested_by,
+        via,
+        place=place,
+        profile=str(asked.get("profile") or ""),
+        image=original["image"] or "",
+        argv=argv,
+        minimize=target,
+    )
+    await store.call(
+        Store.audit, requested_by, "minimize", original["id"], f"minimize run {started.run_id}", via, place
+    )
+    return started
+
+
+def result_lines(record: RunRecord) -> list[str]:
+    """The minimize run's result for a terminal: the failing command and what was shown irrelevant."""
+    text = record.artifacts.get("minimal_failing_command")
+    if not text:
+        finished = record.finished
+        return [f"no minimal failing set: {finished.summary if finished else record.problem or 'the run did not end'}"]
+    result = json.loads(text)
+    lines = [
+        f"minimal failing command ({len(result['flags'])} flag(s) beyond the essentials):",
+        f"  {result['command']}",
+    ]
+    if result["irrelevant"]:
+        lines.append(f"irrelevant to the failure: {' '.join(result['irrelevant'])}")
+    if result["unresolved_removals"]:
+        lines.append(
+            f"taking these away was unresolved (vLLM refused, or another failure): {' '.join(result['unresolved_removals'])}"
+        )
+    failure = result["failure"]
+    lines.append(
+        f"fails in {failure['phase']} ({failure['category']}); {len(result['tests'])} flag sets tested, "
+        f"{result['launches']} launches; confidence {result['confidence']:.2f}"
+        + ("" if result["confirmed_on_real"] else "; NOT confirmed on the real configuration")
+        + ("" if result["one_minimal"] else "; search stopped at its test limit: not proven 1-minimal")
+    )
+    return lines
