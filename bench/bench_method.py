@@ -13,6 +13,8 @@ engine, and each step is launched on its own; its figures are derived from the n
   (a launch the baseline prevented: its gpu_detect phase), and its hangs last until vLLM's own start-up
   timeout (VLLM_ENGINE_READY_TIMEOUT_S) instead of the runner's stall limit. The measured figure includes
   the runner's own overhead, scaled by the sim speed.
+The minimize columns: `k3repro minimize` after the proxy plan's run, where its ladder named a trigger: the
+1-minimal failing flag set it found, its launches (proxies weighted as above) and GPU-minutes both ways.
 Run: `.venv/bin/python bench/bench_method.py`.
 """
 
@@ -41,18 +43,25 @@ VLLM_READY_TIMEOUT_S = 600.0  # what vLLM itself waits for its engine to come up
 STAMP = re.compile(r" (\d\d-\d\d \d\d:\d\d:\d\d) \[")
 
 
-async def run(scenario: str, workdir: Path, proxies: bool) -> tuple[dict[str, Any], list[pb.RunEvent]]:
+async def run(
+    scenario: str, workdir: Path, proxies: bool, minimize: bool = False
+) -> tuple[dict[str, Any], list[pb.RunEvent], list[pb.RunEvent]]:
+    """The run's report and events, and the events of its minimize run (none without a trigger)."""
     path = scenario_path(scenario)
-    report = await demo(workdir, path, SPEED, logs=False, out=io.StringIO(), engine_settings={"proxies": proxies})
+    settings = {"proxies": proxies}
+    report = await demo(
+        workdir, path, SPEED, logs=False, out=io.StringIO(), engine_settings=settings, minimize=minimize
+    )
     store = Store(workdir / "k3repro.db")
     events = store.events(report["run_id"])
+    minimized = store.events(report["minimize"]["run_id"]) if report.get("minimize") else []
     store.close()
-    return report, events
+    return report, events, minimized
 
 
 async def measure(scenario: str, workdir: Path) -> dict[str, Any]:
-    report, events = await run(scenario, workdir / "proxies", proxies=True)
-    today, today_events = await run(scenario, workdir / "today", proxies=False)
+    report, events, minimized = await run(scenario, workdir / "proxies", proxies=True, minimize=True)
+    today, today_events, _ = await run(scenario, workdir / "today", proxies=False)
     tested = [step for step in today["ladder"] if step["outcome"] != "not_applicable"]
     repeats = today["launches"] - 1 - sum(step["relaunched"] for step in today["ladder"])
     naive = 1 + len(tested) + max(repeats, 0)  # without the baseline check, a naive plan launches at least once
@@ -67,10 +76,8 @@ async def measure(scenario: str, workdir: Path) -> dict[str, Any]:
     else:  # the baseline stopped the run: a naive launch would have failed initialising CUDA
         naive_alive = timings.gpu_detect
     proxy_alive = _alive_by_launch(events)
-    full = [t for source, t in proxy_alive.items() if not source.endswith("/proxy")]
-    proxy = [t for source, t in proxy_alive.items() if source.endswith("/proxy")]
-    per_full = max(full) if full else 0.0  # a proxy costs its measured start-up against a full one's
-    proxy_launches = len(full) + sum(t / per_full for t in proxy) if per_full else float(len(proxy_alive))
+    proxy = [source for source in proxy_alive if source.endswith("/proxy")]
+    proxy_launches = _weighted(proxy_alive)
     same = (report["decision"], report["trigger_step"], _first(report)) == (
         today["decision"],
         today["trigger_step"],
@@ -87,7 +94,28 @@ async def measure(scenario: str, workdir: Path) -> dict[str, Any]:
         "minutes": sum(proxy_alive.values()) * GPUS / 60,
         "today_minutes": sum(alive.values()) * GPUS / 60,
         "naive_minutes": naive_alive * GPUS / 60,
+        "ddmin": _weighted(_alive_by_launch(minimized)),
+        "ddmin_minutes": sum(_alive_by_launch(minimized).values()) * GPUS / 60,
+        "ddmin_result": _minimal(report),
     }
+
+
+def _weighted(alive: dict[str, float]) -> float:
+    """Launches in full loads: a proxy launch counts its measured start-up against the run's longest real one."""
+    full = [t for source, t in alive.items() if not source.endswith("/proxy")]
+    per_full = max(full, default=0.0)
+    if not per_full:
+        return float(len(alive))
+    return len(full) + sum(t / per_full for source, t in alive.items() if source.endswith("/proxy"))
+
+
+def _minimal(report: dict[str, Any]) -> str:
+    result = (report.get("minimize") or {}).get("minimal_failing_command")
+    if not result:
+        return "-"
+    return f"{len(result['flags'])} of {len(result['flags']) + len(result['irrelevant'])}: " + (
+        " ".join(result["flags"]) or "none"
+    )
 
 
 def _first(report: dict[str, Any]) -> tuple[str, str] | None:
@@ -112,9 +140,11 @@ def main() -> None:
     print(
         "| scenario | decision | same decision, trigger, first error | launches (proxies) | without proxies | naive "
         f"| GPU-minutes, {LOAD_MINUTES} min a full load | without proxies | naive | ratio to without "
-        "| GPU-minutes measured | without proxies | naive | ratio to without |"
+        "| GPU-minutes measured | without proxies | naive | ratio to without "
+        f"| minimize: 1-minimal flags | its launches (in full loads) | its GPU-minutes, {LOAD_MINUTES} min a full load "
+        "| measured |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     totals: dict[str, float] = defaultdict(float)
     for scenario in builtin_scenarios():
         with tempfile.TemporaryDirectory() as tmp:
@@ -128,10 +158,12 @@ def main() -> None:
             "minutes",
             "today_minutes",
             "naive_minutes",
+            "ddmin",
+            "ddmin_minutes",
         ):
             totals[key] += float(row[key])
-        print(f"| {scenario} | {row['decision']} | {row['same']} | " + _figures(row))
-    print("| all | | | " + _figures(totals))
+        print(f"| {scenario} | {row['decision']} | {row['same']} | " + _figures(row) + _ddmin(row))
+    print("| all | | | " + _figures(totals) + _ddmin({**totals, "ddmin_result": ""}))
 
 
 def _figures(row: dict[str, Any]) -> str:
@@ -143,6 +175,16 @@ def _figures(row: dict[str, Any]) -> str:
         f"{per:,.0f} | {today:,} | {naive:,} | {per / today if today else 0:.2f} | "
         f"{measured:,.0f} | {today_measured:,.0f} | {naive_measured:,.0f} | "
         f"{measured / today_measured if today_measured else 0:.2f} |"
+    )
+
+
+def _ddmin(row: dict[str, Any]) -> str:
+    if row["ddmin_result"] == "-":
+        return " - | - | - | - |"
+    weighted = float(row["ddmin"])
+    return (
+        f" {row['ddmin_result']} | {weighted:.1f} | {weighted * LOAD_MINUTES * GPUS:,.0f} | "
+        f"{float(row['ddmin_minutes']):,.0f} |"
     )
 
 

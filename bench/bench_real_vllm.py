@@ -22,7 +22,7 @@ from typing import Any
 from bot.report import run_report
 from runner.tls import write_dev_certs
 from tests.k3fixtures import run_to_end
-from tests.test_real_vllm import IMAGE, REQUEST, runner
+from tests.test_real_vllm import IMAGE, REQUEST, runner_settings
 from tests.vllm_cpu import ENV, make_model, serve_argv
 
 EAGER = "--enforce-eager"
@@ -42,7 +42,7 @@ CASES: dict[str, tuple[str, list[str]]] = {
 
 async def measure(work: Path, model: Path, flags: list[str], reuse: bool) -> dict[str, Any]:
     certs = write_dev_certs(work / "certs")
-    data = runner(work / "runner", certs)
+    data = runner_settings(work / "runner", certs)
     data["engine"]["reuse_server"] = data["engine"]["proxies"] = reuse
     launch = shlex.join(serve_argv(model, "--served-model-name", "tiny", "--dtype", "bfloat16", *flags))
     started = time.monotonic()

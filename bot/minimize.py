@@ -30,7 +30,7 @@ def minimize_target(record: RunRecord) -> pb.Minimize:
         )
     return pb.Minimize(
         original_run_id=record.run_id,
-        step=from_id(pb.LadderStepId, trigger.step),
+        step=trigger.step,
         phase=from_id(pb.Phase, trigger.phase) if trigger.phase else pb.PHASE_UNSPECIFIED,
         category=from_id(pb.ErrorCategory, trigger.category) if trigger.category else pb.ERROR_CATEGORY_UNSPECIFIED,
         signature=trigger.signature,

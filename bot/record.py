@@ -125,7 +125,7 @@ def fact_of(event: pb.RunEvent, stage: str = "") -> Fact | None:
     if kind == "ladder_step":
         s = event.ladder_step
         return LadderStep(
-            to_id(pb.LadderStepId, s.step),
+            s.step,
             to_id(pb.LadderOutcome, s.outcome),
             s.detail,
             s.relaunched,

@@ -68,16 +68,6 @@ class ChecklistState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHECKLIST_STATE_HOLDS: _ClassVar[ChecklistState]
     CHECKLIST_STATE_FAILS: _ClassVar[ChecklistState]
 
-class LadderStepId(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
-    LADDER_STEP_ID_UNSPECIFIED: _ClassVar[LadderStepId]
-    LADDER_STEP_ID_PREFIX_CACHING: _ClassVar[LadderStepId]
-    LADDER_STEP_ID_LONG_INPUT: _ClassVar[LadderStepId]
-    LADDER_STEP_ID_MAX_MODEL_LEN: _ClassVar[LadderStepId]
-    LADDER_STEP_ID_CONCURRENCY: _ClassVar[LadderStepId]
-    LADDER_STEP_ID_INTER_NODE: _ClassVar[LadderStepId]
-    LADDER_STEP_ID_TOOLS_STRUCTURED_OUTPUT: _ClassVar[LadderStepId]
-
 class LadderOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     LADDER_OUTCOME_UNSPECIFIED: _ClassVar[LadderOutcome]
@@ -155,13 +145,6 @@ CHECKLIST_STATE_UNSPECIFIED: ChecklistState
 CHECKLIST_STATE_PENDING: ChecklistState
 CHECKLIST_STATE_HOLDS: ChecklistState
 CHECKLIST_STATE_FAILS: ChecklistState
-LADDER_STEP_ID_UNSPECIFIED: LadderStepId
-LADDER_STEP_ID_PREFIX_CACHING: LadderStepId
-LADDER_STEP_ID_LONG_INPUT: LadderStepId
-LADDER_STEP_ID_MAX_MODEL_LEN: LadderStepId
-LADDER_STEP_ID_CONCURRENCY: LadderStepId
-LADDER_STEP_ID_INTER_NODE: LadderStepId
-LADDER_STEP_ID_TOOLS_STRUCTURED_OUTPUT: LadderStepId
 LADDER_OUTCOME_UNSPECIFIED: LadderOutcome
 LADDER_OUTCOME_OK: LadderOutcome
 LADDER_OUTCOME_CACHE_HIT: LadderOutcome
@@ -240,11 +223,11 @@ class Minimize(_message.Message):
     CATEGORY_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     original_run_id: str
-    step: LadderStepId
+    step: str
     phase: Phase
     category: ErrorCategory
     signature: str
-    def __init__(self, original_run_id: _Optional[str] = ..., step: _Optional[_Union[LadderStepId, str]] = ..., phase: _Optional[_Union[Phase, str]] = ..., category: _Optional[_Union[ErrorCategory, str]] = ..., signature: _Optional[str] = ...) -> None: ...
+    def __init__(self, original_run_id: _Optional[str] = ..., step: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., category: _Optional[_Union[ErrorCategory, str]] = ..., signature: _Optional[str] = ...) -> None: ...
 
 class Rerun(_message.Message):
     __slots__ = ("original_run_id", "bundle_sha256", "image_digest")
@@ -371,14 +354,14 @@ class LadderStepResult(_message.Message):
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     CATEGORY_FIELD_NUMBER: _ClassVar[int]
-    step: LadderStepId
+    step: str
     outcome: LadderOutcome
     detail: str
     relaunched: bool
     signature: str
     phase: Phase
     category: ErrorCategory
-    def __init__(self, step: _Optional[_Union[LadderStepId, str]] = ..., outcome: _Optional[_Union[LadderOutcome, str]] = ..., detail: _Optional[str] = ..., relaunched: _Optional[bool] = ..., signature: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., category: _Optional[_Union[ErrorCategory, str]] = ...) -> None: ...
+    def __init__(self, step: _Optional[str] = ..., outcome: _Optional[_Union[LadderOutcome, str]] = ..., detail: _Optional[str] = ..., relaunched: _Optional[bool] = ..., signature: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., category: _Optional[_Union[ErrorCategory, str]] = ...) -> None: ...
 
 class LogChunk(_message.Message):
     __slots__ = ("source", "lines")

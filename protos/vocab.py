@@ -18,7 +18,6 @@ _PREFIXES: dict[str, str] = {
     "ErrorCategory": "ERROR_CATEGORY_",
     "ChecklistId": "CHECKLIST_ID_",
     "ChecklistState": "CHECKLIST_STATE_",
-    "LadderStepId": "LADDER_STEP_ID_",
     "LadderOutcome": "LADDER_OUTCOME_",
     "Decision": "DECISION_",
     "StageStatus": "STAGE_STATUS_",
@@ -86,4 +85,3 @@ CHECKLIST = (
     ChecklistItem("failure_repeated", ("verdict",), "the same failure at the same phase on each attempt"),
 )
 CHECKLIST_IDS = [item.id for item in CHECKLIST]
-LADDER_STEPS = ids(pb.LadderStepId)

@@ -90,7 +90,7 @@ def launches(events: Iterable[pb.RunEvent]) -> list[LaunchSpan]:
         elif kind == "ladder_step" and current is not None:
             step = event.ladder_step
             if step.outcome != pb.LADDER_OUTCOME_NOT_APPLICABLE:
-                current.steps.append((at, to_id(pb.LadderStepId, step.step), to_id(pb.LadderOutcome, step.outcome)))
+                current.steps.append((at, step.step, to_id(pb.LadderOutcome, step.outcome)))
         if current is not None and kind in ALIVE:
             current.end = at
     return spans

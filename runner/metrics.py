@@ -113,7 +113,7 @@ class RunnerMetrics:
             self._proxies[event.run_id] = self._proxies.get(event.run_id, 0) + 1
         elif kind == "ladder_step":
             step = event.ladder_step
-            self.ladder_steps.labels(to_id(pb.LadderStepId, step.step), to_id(pb.LadderOutcome, step.outcome)).inc()
+            self.ladder_steps.labels(step.step, to_id(pb.LadderOutcome, step.outcome)).inc()
         elif kind == "run_finished":
             finished = event.run_finished
             status, decision = to_id(pb.RunStatus, finished.status), to_id(pb.Decision, finished.decision)

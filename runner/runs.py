@@ -22,7 +22,7 @@ from runner.stages.context import RunContext
 from runner.stages.launcher import release
 from runner.stages.requests import PATHS
 from runner.toml_reader import ConfigError
-from runner.vllm_cli import LaunchCommandError, ServeCommand, parse_launch_command
+from runner.vllm_cli import LaunchCommandError, ServeCommand, ladder_step_ids, parse_launch_command
 
 log = logging.getLogger(__name__)
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -81,7 +81,7 @@ class RunHub:
                 f"{request.rerun.image_digest} (a tag can move; a rerun runs exactly what failed)",
             )
         if request.HasField("minimize") and (
-            request.minimize.step == pb.LADDER_STEP_ID_UNSPECIFIED
+            request.minimize.step not in ladder_step_ids()
             or request.minimize.phase == pb.PHASE_UNSPECIFIED
             or not request.minimize.signature
         ):

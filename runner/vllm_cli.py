@@ -16,16 +16,6 @@ from importlib import resources
 from typing import Literal
 
 FlagKind = Literal["bool", "value", "json"]
-STEPS = (
-    "essential",
-    "prefix_caching",
-    "long_input",
-    "max_model_len",
-    "concurrency",
-    "inter_node",
-    "tools_structured_output",
-    "target_only",
-)
 
 
 class LaunchCommandError(ValueError):
@@ -70,12 +60,24 @@ class FlagTable:
 
 
 @cache
+def ladder_step_ids() -> tuple[str, ...]:
+    """The ladder's steps, in order: runner/data/ladder.toml is their one definition."""
+    text = resources.files("runner.data").joinpath("ladder.toml").read_text(encoding="utf-8")
+    return tuple(str(row["id"]) for row in tomllib.loads(text)["step"])
+
+
+def flag_steps() -> tuple[str, ...]:
+    """What a flag's `step` may be: kept by the minimal launch, restored by a ladder step, or the target's only."""
+    return ("essential", *ladder_step_ids(), "target_only")
+
+
+@cache
 def flag_table() -> FlagTable:
     """The table shipped in runner/data/vllm_flags.toml."""
     text = resources.files("runner.data").joinpath("vllm_flags.toml").read_text(encoding="utf-8")
     flags: dict[str, FlagSpec] = {}
     for row in tomllib.loads(text)["flag"]:
-        if row["step"] not in STEPS:
+        if row["step"] not in flag_steps():
             raise ValueError(f"vllm_flags.toml: {row['name']} has unknown step {row['step']!r}")
         spec = FlagSpec(
             name=row["name"],

@@ -97,7 +97,7 @@ async def test_the_method_runs_in_containers_and_leaves_none(
     assert stages[pb.STAGE_MINIMAL_LAUNCH] == pb.STAGE_STATUS_OK
     assert stages[pb.STAGE_SINGLE_REQUEST] == pb.STAGE_STATUS_OK
     assert stages[pb.STAGE_LADDER] == pb.STAGE_STATUS_OK
-    prefix = next(e.ladder_step for e in events if e.ladder_step.step == pb.LADDER_STEP_ID_PREFIX_CACHING)
+    prefix = next(e.ladder_step for e in events if e.ladder_step.step == "prefix_caching")
     assert prefix.outcome == pb.LADDER_OUTCOME_CACHE_HIT
     assert events[-1].run_finished.launches >= 2
     assert _labelled(docker_env) == []  # every container of every launch was removed

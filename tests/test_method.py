@@ -33,7 +33,7 @@ async def _run(certs: DevCerts, tmp_path: Path, scenario: str, **start: Any) -> 
 def _ladder(events: list[pb.RunEvent]) -> list[tuple[str, str, bool]]:
     return [
         (
-            to_id(pb.LadderStepId, e.ladder_step.step),
+            e.ladder_step.step,
             to_id(pb.LadderOutcome, e.ladder_step.outcome),
             e.ladder_step.relaunched,
         )
@@ -103,10 +103,10 @@ async def test_max_model_len_beyond_kv_capacity_is_an_oom_at_its_step(certs: Dev
     assert steps[0] == ("prefix_caching", "cache_hit", True)
     assert steps[2] == ("max_model_len", "oom", True)
     assert [outcome for _, outcome, _ in steps].count("oom") == 1
-    signature = next(e.ladder_step.signature for e in events if e.ladder_step.step == pb.LADDER_STEP_ID_MAX_MODEL_LEN)
+    signature = next(e.ladder_step.signature for e in events if e.ladder_step.step == "max_model_len")
     assert "KV cache is needed" in signature
     assert _stage(events, pb.STAGE_LADDER).summary.startswith("max_model_len triggers the failure")
-    prefix = next(e.ladder_step.detail for e in events if e.ladder_step.step == pb.LADDER_STEP_ID_PREFIX_CACHING)
+    prefix = next(e.ladder_step.detail for e in events if e.ladder_step.step == "prefix_caching")
     assert "served from the prefix cache" in prefix
 
 
@@ -251,7 +251,7 @@ async def test_the_trigger_step_is_repeated_on_a_proxy_that_shows_the_same_failu
     assert notes[-1].startswith("ladder/prefix_caching/repeat-2/proxy: dummy_weights + fewer_layers + eager (no")
     assert "--load-format dummy" in notes[-1] and "fastsafetensors" not in notes[-1]
     assert not any(e.artifact.name == "proxy_abandoned" for e in events)
-    step = next(e.ladder_step for e in events if e.ladder_step.step == pb.LADDER_STEP_ID_PREFIX_CACHING)
+    step = next(e.ladder_step for e in events if e.ladder_step.step == "prefix_caching")
     assert step.detail.endswith("(met on a proxy, confirmed on the real configuration)")
     report = run_report("r", events)
     assert report["trigger_step"] == "prefix_caching" and report["checklist"]["failure_repeated"]

@@ -7,6 +7,7 @@ import pytest
 from protos import runner_pb2 as pb
 from protos import vocab
 from protos.generate import OUTPUTS, ROOT, generate
+from runner.vllm_cli import ladder_step_ids
 
 
 def test_generated_code_matches_the_proto(tmp_path: Path) -> None:
@@ -24,9 +25,9 @@ def test_vocabulary_is_the_designs() -> None:
         "driver_cuda_init", "ptx_toolchain", "nccl_comm", "oom", "cudagraph", "kv_cache_capacity",
         "weight_load", "model_config", "compile", "port_in_use", "request_error", "other",
     ]  # fmt: skip
-    assert vocab.LADDER_STEPS == [
+    assert ladder_step_ids() == (  # runner/data/ladder.toml, DESIGN §1 step 5's order
         "prefix_caching", "long_input", "max_model_len", "concurrency", "inter_node", "tools_structured_output",
-    ]  # fmt: skip
+    )  # fmt: skip
     assert vocab.CHECKLIST_IDS == [
         "host_driver_recorded", "container_gpu_view_recorded", "image_and_versions_pinned",
         "minimal_command_one_line", "first_error_saved", "single_request_fixed", "prefix_caching_isolated",

@@ -9,6 +9,7 @@ are vLLM's own: nothing here was copied into a catalogue.
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -16,11 +17,15 @@ from typing import Any
 
 import pytest
 
+from bot.coordinator import Coordinator
+from bot.minimize import start_minimize
+from bot.record import RunRecord
 from bot.report import run_report
+from bot.store import AsyncStore, Store
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
 from runner.tls import DevCerts
-from tests.k3fixtures import run_to_end
+from tests.k3fixtures import bot_config, run_to_end, running_runner
 from tests.vllm_cpu import serve_argv, vllm_env, vllm_models, vllm_python
 
 __all__ = ["vllm_env", "vllm_models"]  # fixtures used by name
@@ -30,7 +35,7 @@ REQUEST = {"messages": [{"role": "user", "content": "Say hello to the cluster."}
 Run = Callable[..., Coroutine[Any, Any, tuple[list[pb.RunEvent], dict[str, Any]]]]
 
 
-def runner(state: Path, certs: DevCerts) -> dict[str, Any]:
+def runner_settings(state: Path, certs: DevCerts) -> dict[str, Any]:
     return {
         "name": "cpu-host",
         "cluster": "cluster-a",
@@ -56,7 +61,7 @@ def run(certs: DevCerts, tmp_path: Path, vllm_env: dict[str, str]) -> Run:
     async def start(model: Path, *flags: str) -> tuple[list[pb.RunEvent], dict[str, Any]]:
         launch = shlex.join(serve_argv(model, "--served-model-name", "tiny", "--dtype", "bfloat16", *flags))
         events = await run_to_end(
-            certs, tmp_path, runner(tmp_path / "runner", certs), image=IMAGE, launch=launch, request=REQUEST
+            certs, tmp_path, runner_settings(tmp_path / "runner", certs), image=IMAGE, launch=launch, request=REQUEST
         )
         return events, run_report("run", events)
 
@@ -164,6 +169,48 @@ async def test_a_kv_cache_too_small_for_max_model_len(run: Run, vllm_models: dic
     assert launched[-1] == "ladder/max_model_len/repeat-2/proxy"
     assert not any(e.artifact.name == "proxy_abandoned" for e in events)
     assert len(first_errors(events)) >= 2 and len({e.signature for e in first_errors(events)}) == 1
+
+
+async def test_minimize_shrinks_the_kv_cache_failure_to_the_flag_that_causes_it(
+    certs: DevCerts, tmp_path: Path, vllm_env: dict[str, str], vllm_models: dict[str, Path]
+) -> None:
+    """8 KV blocks cannot hold one sequence of the model's 4096 tokens, with or without --max-model-len 4096:
+    the 1-minimal failing set is --num-gpu-blocks-override 8 alone, found on dummy weights and confirmed real."""
+    flags = ["--enforce-eager", "--max-model-len", "4096", "--num-gpu-blocks-override", "8", "--max-num-seqs", "4"]
+    launch = shlex.join(
+        serve_argv(vllm_models["llama-4k"], "--served-model-name", "tiny", "--dtype", "bfloat16", *flags)
+    )
+    async with running_runner(runner_settings(tmp_path / "runner", certs)) as daemon:
+        config = bot_config(
+            certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"], image=IMAGE, launch=launch, request=REQUEST
+        )
+        store = AsyncStore(config.store)
+        core = Coordinator(config, store)
+
+        async def ignore(_: pb.RunEvent) -> None:
+            return None
+
+        original = await core.start("cluster-a", "U1")
+        await core.follow(original, ignore)
+        started = await start_minimize(core, original.run_id, "U1")
+        finished = await core.follow(started, ignore)
+        events = await store.call(Store.events, started.run_id)
+        store.close()
+    record = RunRecord.replay(started.run_id, events)
+    result = json.loads(record.artifacts["minimal_failing_command"])
+    assert result["flags"] == ["--num-gpu-blocks-override 8"], result["tests"]
+    assert set(result["irrelevant"]) == {
+        "--enforce-eager",
+        "--max-model-len 4096",
+        "--max-num-seqs 4",
+        "--enable-prefix-caching",
+    }
+    assert (result["failure"]["phase"], result["failure"]["category"]) == ("engine_init", "kv_cache_capacity")
+    assert result["confirmed_on_real"] and result["one_minimal"]
+    assert finished.launches == result["launches"]
+    launched = sources(events)
+    assert any(s.startswith("minimize/") and s.endswith("/proxy") for s in launched)  # dummy weights stood in
+    assert launched[-1] == "minimize/confirm"  # the last word is a real launch
 
 
 async def test_unreadable_weights_fail_in_weight_load(run: Run, vllm_models: dict[str, Path]) -> None:

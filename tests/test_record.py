@@ -54,7 +54,7 @@ def test_a_stages_first_error_counts_and_a_same_line_update_marks_its_oom_second
 
 
 def test_ids_are_converted_once_into_facts() -> None:
-    step = pb.LadderStepResult(step=pb.LADDER_STEP_ID_PREFIX_CACHING, outcome=pb.LADDER_OUTCOME_CRASH, signature="s")
+    step = pb.LadderStepResult(step="prefix_caching", outcome=pb.LADDER_OUTCOME_CRASH, signature="s")
     item = pb.ChecklistItem(item=pb.CHECKLIST_ID_FAILURE_REPEATED, state=pb.CHECKLIST_STATE_HOLDS, evidence="2 of 2")
     assert fact_of(pb.RunEvent(checklist_item=item)) == Check("failure_repeated", "holds", "2 of 2")
     fact = fact_of(pb.RunEvent(ladder_step=step))

@@ -125,9 +125,7 @@ def test_the_card_carries_the_run_id_and_buttons_until_the_run_ends() -> None:
 
 
 def test_a_ladder_step_is_one_short_message() -> None:
-    step = pb.LadderStepResult(
-        step=pb.LADDER_STEP_ID_PREFIX_CACHING, outcome=pb.LADDER_OUTCOME_CACHE_HIT, detail="hits 12/12"
-    )
+    step = pb.LadderStepResult(step="prefix_caching", outcome=pb.LADDER_OUTCOME_CACHE_HIT, detail="hits 12/12")
     fact = fact_of(pb.RunEvent(ladder_step=step))
     assert isinstance(fact, LadderStep)
     message = blocks.ladder_step(fact)

@@ -15,6 +15,9 @@ from typing import Any, TextIO
 
 from bot.commands.common import CommandError, EventPrinter, coordinator, operator
 from bot.config import parse_bot_config
+from bot.coordinator import Coordinator
+from bot.minimize import result_lines, start_minimize
+from bot.record import RunRecord
 from bot.render import run_header
 from bot.report import run_report
 from bot.store import Store
@@ -48,6 +51,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--speed", type=_positive, help="sim speed factor (default from the demo config)")
     parser.add_argument("--logs", action="store_true", help="also print the engine's log")
     parser.add_argument("--json", action="store_true", help="print only the run report as JSON")
+    parser.add_argument(
+        "--minimize",
+        action="store_true",
+        help="then, when the ladder named a trigger, shrink the flags to a 1-minimal failing set (k3repro minimize)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -58,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     with tempfile.TemporaryDirectory(prefix="k3repro-demo-") as tmp:
         out = io.StringIO() if args.json else sys.stdout
-        report = asyncio.run(demo(Path(tmp), scenario, args.speed, args.logs, out, launch=args.launch))
+        report = asyncio.run(
+            demo(Path(tmp), scenario, args.speed, args.logs, out, launch=args.launch, minimize=args.minimize)
+        )
     if args.json:
         print(json.dumps(report, indent=2))
     return 0
@@ -76,8 +86,10 @@ async def demo(
     out: TextIO,
     launch: str | None = None,
     engine_settings: dict[str, Any] | None = None,
+    minimize: bool = False,
 ) -> dict[str, Any]:
-    """Runs the whole method on the scenario's deployment (or on a real vLLM's `launch`); returns the run report."""
+    """Runs the whole method on the scenario's deployment (or on a real vLLM's `launch`); returns the run report
+    (with `"minimize"`, the minimize run's report, when `minimize` and the ladder named a trigger)."""
     try:
         deployment = load_scenario(str(scenario), catalog().phases()).deployment
     except ConfigError as exc:
@@ -127,14 +139,28 @@ async def demo(
             print(f"run {started.run_id} · cluster cluster-a · runner {started.runner}", file=out, flush=True)
             printer = EventPrinter(out, logs=logs)
             await core.follow(started, printer, printer.reconnecting)
+            report = run_report(started.run_id, await core.store.call(Store.events, started.run_id))
+            if minimize and report["trigger_step"]:
+                report["minimize"] = await _minimize(core, started.run_id, printer, out)
         print("\n$ k3repro runs", file=out)
         store = Store(config.store)
         print(run_header(store.get_run(started.run_id)), file=out)
-        report = run_report(started.run_id, store.events(started.run_id))
         store.close()
     finally:
         await daemon.stop("demo finished")
     return report
+
+
+async def _minimize(core: Coordinator, run_id: str, printer: EventPrinter, out: TextIO) -> dict[str, Any]:
+    print(f"\n$ k3repro minimize {run_id}\n", file=out)
+    started = await start_minimize(core, run_id, operator(), via="demo")
+    print(f"minimize run {started.run_id} of {run_id} · runner {started.runner}", file=out, flush=True)
+    await core.follow(started, printer, printer.reconnecting)
+    events = await core.store.call(Store.events, started.run_id)
+    print("", file=out)
+    for line in result_lines(RunRecord.replay(started.run_id, events)):
+        print(line, file=out)
+    return run_report(started.run_id, events)
 
 
 def _on_this_host(data: dict[str, Any], launch: str) -> None:

@@ -236,7 +236,7 @@ class Tester:
 
 async def run(ctx: RunContext) -> StageResult:
     request = ctx.request.minimize
-    step = to_id(pb.LadderStepId, request.step)
+    step = request.step
     target = Attempt(to_id(pb.Phase, request.phase), to_id(pb.ErrorCategory, request.category), request.signature)
     units = units_of(ctx.command)
     if not units:
@@ -264,7 +264,7 @@ async def run(ctx: RunContext) -> StageResult:
     return StageResult(
         pb.STAGE_STATUS_OK,
         f"{len(minimal)} of {len(units)} flags still fail in {target.phase} ({target.category}): {flags}{proven} — "
-        f"{len(tester.results)} flag sets tested, {ctx.launches} launches, confidence {result['confidence']:.2f}",
+        f"{len(tester.order)} flag sets tested, {ctx.launches} launches, confidence {result['confidence']:.2f}",
     )
 
 
