@@ -117,7 +117,7 @@ def export_bundle(store: Store, run_id: str) -> Bundle:
         raise BundleError(f"run {run['id']} is still {run['status']}: export it once it has ended")
     events = [redactor().message(e) for e in store.events(run["id"])]
     record = RunRecord.replay(run["id"], events)
-    found = report(record)
+    found = report(record, events)
     asked = public_request(run, record)
     artifacts, fingerprint = record.artifacts, record.scene
     members: dict[str, bytes] = {

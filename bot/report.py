@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from bot.record import RunRecord
 from protos import runner_pb2 as pb
 from protos.vocab import CHECKLIST_IDS
+from runner.launches import launches
 
 
 def run_report(run_id: str, events: list[pb.RunEvent]) -> dict[str, Any]:
     """`{"run_id", "decision", "checklist", "first_error", "ladder", "trigger_step", "candidates", "launches",
-    "minimal_failing_command"}`."""
-    return report(RunRecord.replay(run_id, events))
+    "launch_list", "minimal_failing_command"}`."""
+    return report(RunRecord.replay(run_id, events), events)
 
 
-def report(record: RunRecord) -> dict[str, Any]:
+def report(record: RunRecord, events: Iterable[pb.RunEvent]) -> dict[str, Any]:
+    """The report of `record`, the fold of `events` (whose launches runner/launches.py tells apart)."""
     error, failures = record.first_error, [step for step in record.ladder if step.signature]
     minimized = record.artifacts.get("minimal_failing_command")
     checks = {item: check.holds for item, check in record.checklist.items()}
@@ -41,6 +44,18 @@ def report(record: RunRecord) -> dict[str, Any]:
             if s.outcome != "same_as_target"
         ],
         "launches": record.finished.launches if record.finished is not None else 0,
+        # each launch: its log source, its stage, the proxies it ran on (null: the real configuration), its failure
+        "launch_list": [
+            {
+                "source": span.source,
+                "stage": span.stage,
+                "proxy": {"proxies": [p for p, _ in span.proxies], "removes": [r for _, r in span.proxies]}
+                if span.proxy
+                else None,
+                "failed": {"phase": span.failure[1], "category": span.failure[2]} if span.failure else None,
+            }
+            for span in launches(events)
+        ],
         # a minimize run's result: the 1-minimal failing command, the flags shown irrelevant, every test
         "minimal_failing_command": json.loads(minimized) if minimized else None,
     }

@@ -18,6 +18,19 @@ from protos.vocab import PHASES, to_id
 ALIVE = ("phase_reached", "log_chunk", "first_error", "request_result", "ladder_step")
 
 
+def proxy_note(source: str, proxies: tuple[tuple[str, str], ...], line: str) -> str:
+    """How the thread, the report and the bundle label a proxy launch (one line); `proxies`: (id, what it removes)."""
+    ids, removes = " + ".join(p for p, _ in proxies), "; no ".join(r for _, r in proxies)
+    return f"{source}: {ids} (no {removes}) — {line}"
+
+
+def proxies_of(note: str) -> tuple[tuple[str, str], ...]:
+    """The (id, what it removes) pairs a `proxy_note` names."""
+    named = note.split(": ", 1)[-1].split(" — ", 1)[0]
+    ids, _, removes = named.partition(" (no ")
+    return tuple(zip(ids.split(" + "), removes.removesuffix(")").split("; no "), strict=False))
+
+
 @dataclass
 class LaunchSpan:
     """One engine launch, in seconds since the run's first event."""
@@ -31,6 +44,7 @@ class LaunchSpan:
     signature: str = ""
     steps: list[tuple[float, str, str]] = field(default_factory=list)  # (at, ladder step, outcome)
     source: str = ""  # its log's source, which names the launch ("ladder/prefix_caching/repeat-2/proxy")
+    proxies: tuple[tuple[str, str], ...] = ()  # a proxy launch's (id, what it removes), runner/data/proxies.toml
 
     @property
     def label(self) -> str:
@@ -52,7 +66,7 @@ def launches(events: Iterable[pb.RunEvent]) -> list[LaunchSpan]:
     """The run's launches, in order, with what each reached, where it failed and the steps it served."""
     spans: list[LaunchSpan] = []
     stage = ""
-    proxy_next = False
+    proxy_next: tuple[tuple[str, str], ...] = ()
     start: float | None = None
     for event in events:
         at = event.at.ToNanoseconds() / 1e9
@@ -63,14 +77,14 @@ def launches(events: Iterable[pb.RunEvent]) -> list[LaunchSpan]:
         if kind == "stage_started":
             stage = to_id(pb.Stage, event.stage_started.stage)
         elif kind == "artifact" and event.artifact.name == "proxy_launch":
-            proxy_next = True  # announced just before the launch it describes
+            proxy_next = proxies_of(event.artifact.content)  # announced just before the launch it describes
         elif kind == "phase_reached":
             phase = to_id(pb.Phase, event.phase_reached.phase)
             last = current.phases[-1][0] if current is not None and current.phases else None
             if current is None or last is None or PHASES.index(phase) <= PHASES.index(last):
-                current = LaunchSpan(stage, at, proxy_next)
+                current = LaunchSpan(stage, at, bool(proxy_next), proxies=proxy_next)
                 spans.append(current)
-                proxy_next = False
+                proxy_next = ()
             current.phases.append((phase, at))
         elif kind == "first_error":
             error = event.first_error
@@ -78,9 +92,9 @@ def launches(events: Iterable[pb.RunEvent]) -> list[LaunchSpan]:
                 current.end = at  # the same error again, updated (an OOM seen after it)
                 continue
             if current is None or current.failure is not None:  # failed before any phase was reached
-                current = LaunchSpan(stage, at, proxy_next)
+                current = LaunchSpan(stage, at, bool(proxy_next), proxies=proxy_next)
                 spans.append(current)
-                proxy_next = False
+                proxy_next = ()
             phase, category = to_id(pb.Phase, error.phase), to_id(pb.ErrorCategory, error.category)
             current.failure, current.signature = (at, phase, category), error.signature
             if not current.phases:

@@ -255,6 +255,14 @@ async def test_the_trigger_step_is_repeated_on_a_proxy_that_shows_the_same_failu
     assert step.detail.endswith("(met on a proxy, confirmed on the real configuration)")
     report = run_report("r", events)
     assert report["trigger_step"] == "prefix_caching" and report["checklist"]["failure_repeated"]
+    # the report labels every launch: its source, and the proxies it ran on (null: the real configuration)
+    listed = report["launch_list"]
+    assert [launch["source"] for launch in listed] == sources and len(listed) == report["launches"]
+    assert all((launch["proxy"] is not None) == launch["source"].endswith("/proxy") for launch in listed)
+    assert listed[-1]["proxy"]["proxies"] == ["dummy_weights", "fewer_layers", "eager"]
+    assert listed[-1]["proxy"]["removes"][0] == "reading the weights (random weights of the same shapes)"
+    assert listed[-1]["failed"] == {"phase": "request", "category": "request_error"}
+    assert listed[0] == {"source": "minimal_launch", "stage": "minimal_launch", "proxy": None, "failed": None}
 
 
 async def test_a_proxy_that_does_not_reproduce_the_failure_is_abandoned_for_the_real_launch(

@@ -25,17 +25,15 @@ def test_a_stages_first_error_counts_and_a_same_line_update_marks_its_oom_second
     updated.CopyFrom(NCCL)
     updated.secondary_oom = True
     later = pb.FirstError(phase=pb.PHASE_ENGINE_INIT, category=pb.ERROR_CATEGORY_OOM, line="OOM", signature="oom")
-    record = RunRecord.replay(
-        "r1",
-        _events(
-            {"stage_started": pb.StageStarted(stage=pb.STAGE_MINIMAL_LAUNCH)},
-            {"first_error": NCCL},
-            {"first_error": later},  # a relaunch's other error: not the stage's first
-            {"first_error": updated},  # the analyzer's update of the first one
-            {"stage_started": pb.StageStarted(stage=pb.STAGE_LADDER)},
-            {"first_error": later},
-        ),
+    events = _events(
+        {"stage_started": pb.StageStarted(stage=pb.STAGE_MINIMAL_LAUNCH)},
+        {"first_error": NCCL},
+        {"first_error": later},  # a relaunch's other error: not the stage's first
+        {"first_error": updated},  # the analyzer's update of the first one
+        {"stage_started": pb.StageStarted(stage=pb.STAGE_LADDER)},
+        {"first_error": later},
     )
+    record = RunRecord.replay("r1", events)
     first = record.first_error
     assert first is not None and (first.stage, first.phase, first.category) == (
         "minimal_launch",
@@ -44,7 +42,7 @@ def test_a_stages_first_error_counts_and_a_same_line_update_marks_its_oom_second
     )
     assert first.secondary_oom and first.repeat  # the update repeats a signature already shown
     assert record.first_errors["ladder"].signature == "oom" and record.first_errors["ladder"].repeat
-    assert report(record)["first_error"] == {
+    assert report(record, events)["first_error"] == {
         "phase": "gpu_detect",
         "category": "nccl_comm",
         "line": NCCL.line,

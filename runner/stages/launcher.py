@@ -10,11 +10,12 @@ from dataclasses import dataclass, replace
 import aiohttp
 
 from runner.analyzer import ErrorFinding
+from runner.launches import proxy_note
 from runner.ports import free_port
 from runner.redact import redactor
 from runner.stages.context import Attempt, RunContext
 from runner.stages.log_follower import LogFollower
-from runner.stages.proxies import Proxy, planned
+from runner.stages.proxies import planned
 from runner.vllm_cli import ServeCommand
 
 POLL_S = 0.25
@@ -70,7 +71,7 @@ async def launch(ctx: RunContext, command: ServeCommand, source: str) -> Launch:
     launched = command.with_flag("--host", host).with_flag("--port", str(port))
     line = shell_line(launched)
     if used:
-        await ctx.artifact("proxy_launch", proxy_note(source, used, line))
+        await ctx.artifact("proxy_launch", proxy_note(source, tuple((p.id, p.removes) for p in used), line))
     ctx.launches += 1
     ctx.running_proxies = tuple(p.id for p in used)
     starting = asyncio.ensure_future(ctx.backend.launch(launched.argv(), run_id=ctx.run_id, image=ctx.request.image))
@@ -93,11 +94,6 @@ async def launch(ctx: RunContext, command: ServeCommand, source: str) -> Launch:
     elif failure is not None:
         failure = replace(failure, foreign=foreign_now(ctx), proxy=ctx.running_proxies)
     return Launch(command, line, ready, summary, failure, error)
-
-
-def proxy_note(source: str, used: tuple[Proxy, ...], line: str) -> str:
-    """How the thread, the report and the bundle label a proxy launch (one line)."""
-    return f"{source}: {' + '.join(p.id for p in used)} (no {'; no '.join(p.removes for p in used)}) — {line}"
 
 
 async def _guard_gpu_memory(ctx: RunContext) -> None:
