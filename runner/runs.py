@@ -20,7 +20,7 @@ from runner.journal import Journal, request_digest
 from runner.pipeline import execute
 from runner.stages.context import RunContext
 from runner.stages.launcher import release
-from runner.stages.requests import PATHS
+from runner.stages.probes import PATHS
 from runner.toml_reader import ConfigError
 from runner.vllm_cli import LaunchCommandError, ServeCommand, ladder_step_ids, parse_launch_command
 

@@ -25,7 +25,7 @@ from typing import IO, Any
 
 import pytest
 
-from runner.analyzer.report import analyze_text
+from runner.analyzer.whole_log import analyze_text
 from runner.ports import free_port
 from tests.vllm_cpu import ENV, REPO, make_model, serve_argv
 

@@ -20,10 +20,10 @@ import pytest
 
 from runner.sim.catalog import catalog
 from runner.sim.conditions import RequestView, When
-from runner.sim.facts import compute_facts
 from runner.sim.prefix_cache import PrefixCache
 from runner.sim.scenario import STARTUP_PHASES, Fault, load_scenario
 from runner.sim.settings import UsageError, settings_from
+from runner.sim.sizing import compute_facts
 from runner.sim.startup import script
 from runner.vllm_cli import parse_serve_args
 

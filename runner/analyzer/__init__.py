@@ -2,9 +2,9 @@
 streaming or on files. The knowledge is data (rules.toml); this package is the machinery."""
 
 from runner.analyzer.reader import InputError
-from runner.analyzer.report import Analysis, analyze_lines, analyze_path, analyze_stream, analyze_text
 from runner.analyzer.rules import Rules, RulesError, default_rules, load_rules
 from runner.analyzer.stream import ErrorFinding, PhaseFinding, Stall, StreamAnalyzer
+from runner.analyzer.whole_log import Analysis, analyze_lines, analyze_path, analyze_stream, analyze_text
 
 __all__ = [
     "Analysis",

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.baseline.checks import CHECKS
-from runner.baseline.facts import Facts
+from runner.baseline.scene_facts import Facts
 from runner.toml_reader import ConfigError, TomlReader, read_toml
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")

@@ -14,10 +14,10 @@ import sys
 
 from runner.sim.catalog import catalog
 from runner.sim.datafiles import load
-from runner.sim.facts import compute_facts
 from runner.sim.scenario import load_scenario
 from runner.sim.settings import Settings, UsageError, settings_from
 from runner.sim.simulator import simulate
+from runner.sim.sizing import compute_facts
 from runner.toml_reader import ConfigError
 from runner.vllm_cli import LaunchCommandError, parse_serve_args
 

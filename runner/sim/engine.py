@@ -17,11 +17,11 @@ from runner.sim.catalog import Catalog
 from runner.sim.clock import SimClock
 from runner.sim.conditions import RequestView
 from runner.sim.datafiles import load
-from runner.sim.facts import Facts
 from runner.sim.failure import hang, write_failure
 from runner.sim.logwriter import LogWriter, Procs
 from runner.sim.prefix_cache import PrefixCache
 from runner.sim.scenario import Fault
+from runner.sim.sizing import Facts
 from runner.sim.tokenizer import reply, tokenize
 
 _EOS = ""  # the end-of-sequence token: counted as generated, never shown

@@ -23,9 +23,9 @@ from aiohttp.abc import AbstractAccessLogger
 from runner.sim.catalog import Catalog
 from runner.sim.datafiles import load
 from runner.sim.engine import Engine, EngineDeadError, FaultResponseError, Generation
-from runner.sim.facts import VERSION, Facts
 from runner.sim.logwriter import LogWriter, Procs
 from runner.sim.metrics import CONTENT_TYPE, Metrics
+from runner.sim.sizing import VERSION, Facts
 from runner.sim.tokenizer import chat_prompt, detokenize, token_id, token_of, tokenize
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

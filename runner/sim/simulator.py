@@ -18,10 +18,10 @@ from runner.sim.catalog import catalog
 from runner.sim.clock import SimClock
 from runner.sim.datafiles import load
 from runner.sim.engine import Engine
-from runner.sim.facts import Facts
 from runner.sim.failure import hang, write_failure
 from runner.sim.logwriter import LogWriter, Procs
 from runner.sim.server import ApiServer
+from runner.sim.sizing import Facts
 from runner.sim.startup import Startup
 
 

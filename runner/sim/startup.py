@@ -18,9 +18,9 @@ from runner.sim import bars
 from runner.sim.catalog import Catalog, ErrorSpec
 from runner.sim.clock import SimClock
 from runner.sim.datafiles import load
-from runner.sim.facts import Facts
 from runner.sim.logwriter import LogWriter, Proc, Procs, Role
 from runner.sim.scenario import STARTUP_PHASES
+from runner.sim.sizing import Facts
 
 
 @dataclass(frozen=True)

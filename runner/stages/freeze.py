@@ -13,7 +13,7 @@ from runner.engines.sim import SimBackend
 from runner.fingerprint import Change, FixedRequest, collect
 from runner.fingerprint.document import seal
 from runner.stages.context import RunContext, StageResult
-from runner.stages.requests import api, fixed_body
+from runner.stages.probes import api, fixed_body
 from runner.stages.single_request import DEFAULT_REPEATS
 
 HOLDS, PENDING = pb.CHECKLIST_STATE_HOLDS, pb.CHECKLIST_STATE_PENDING

@@ -21,7 +21,7 @@ from protos import runner_pb2 as pb
 from protos.vocab import from_id
 from runner.analyzer import default_rules
 from runner.analyzer.signature import signature
-from runner.stages import proxies, requests
+from runner.stages import probes, proxies
 from runner.stages.context import Attempt, RunContext, StageResult, StepOutcome
 from runner.stages.launcher import attempt_of, foreign_now, launch
 from runner.stages.prometheus import counter_total
@@ -185,10 +185,10 @@ async def _probe(ctx: RunContext, spec: LadderSpec, step: StepSpec, relaunched: 
         if step.probe == "repeated_prefix":
             return await _repeated_prefix(ctx, spec, step, http, relaunched)
         bodies = await _bodies(ctx, step, http)
-        results = await asyncio.gather(*(requests.send(http, ctx, body, n) for n, body in enumerate(bodies, 1)))
+        results = await asyncio.gather(*(probes.send(http, ctx, body, n) for n, body in enumerate(bodies, 1)))
     for result in results:
         await ctx.emit(request_result=result)
-    failed = next((r for r in results if r.http_status != 200 and not requests.refused_as_invalid(r)), None)
+    failed = next((r for r in results if r.http_status != 200 and not probes.refused_as_invalid(r)), None)
     if failed is not None:
         return await _request_failed(ctx, spec, step.id, failed, relaunched)
     refused = next((r for r in results if r.http_status != 200), None)
@@ -211,7 +211,7 @@ def _refused(step: str, result: pb.RequestResult, relaunched: bool) -> StepOutco
 
 def _features(ctx: RunContext, step: StepSpec) -> list[str]:
     """Which of tool calls and structured output the deployment has (its flags, its fixed request)."""
-    command, body = ctx.command, requests.fixed_body(ctx)
+    command, body = ctx.command, probes.fixed_body(ctx)
     has: list[str] = []
     for name, flags, fields in (
         ("tool calls", "tool_flags", "tool_fields"),
@@ -230,15 +230,15 @@ def _no_features(step: StepSpec) -> str:
 async def _bodies(ctx: RunContext, step: StepSpec, http: aiohttp.ClientSession) -> list[dict[str, Any]]:
     if step.probe == "long_input":
         budget = await _token_budget(ctx, http, float(step.params["input_fraction"]))
-        return [await requests.sized_body(http, ctx, min(int(step.params["max_input_tokens"]), budget))]
+        return [await probes.sized_body(http, ctx, min(int(step.params["max_input_tokens"]), budget))]
     if step.probe == "concurrent":
-        return [requests.fixed_body(ctx) for _ in range(int(step.params["requests"]))]
+        return [probes.fixed_body(ctx) for _ in range(int(step.params["requests"]))]
     if step.probe == "tools":
         features = _features(ctx, step)
-        bodies = [requests.with_tools(ctx)] if "tool calls" in features else []
-        bodies += [requests.with_json_schema(ctx)] if "structured output" in features else []
-        return bodies or [requests.fixed_body(ctx)]
-    return [requests.fixed_body(ctx)]
+        bodies = [probes.with_tools(ctx)] if "tool calls" in features else []
+        bodies += [probes.with_json_schema(ctx)] if "structured output" in features else []
+        return bodies or [probes.fixed_body(ctx)]
+    return [probes.fixed_body(ctx)]
 
 
 async def _repeated_prefix(
@@ -248,15 +248,15 @@ async def _repeated_prefix(
     budget = await _token_budget(ctx, http, float(step.params["prefix_fraction"]))
     tokens = min(int(step.params["max_prefix_tokens"]), budget)
     first, second = [
-        await requests.sized_body(http, ctx, tokens, seed=PREFIX_SEED, tail=f"Question {n}: what is {n} plus {n}?")
+        await probes.sized_body(http, ctx, tokens, seed=PREFIX_SEED, tail=f"Question {n}: what is {n} plus {n}?")
         for n in (1, 2)
     ]
-    warm = await requests.send(http, ctx, first, 1)
+    warm = await probes.send(http, ctx, first, 1)
     await ctx.emit(request_result=warm)
     if warm.http_status != 200:
         return await _not_answered(ctx, spec, step.id, warm, relaunched)
     before = await _prefix_counters(ctx, spec, http)
-    probe = await requests.send(http, ctx, second, 2)
+    probe = await probes.send(http, ctx, second, 2)
     await ctx.emit(request_result=probe)
     if probe.http_status != 200:
         return await _not_answered(ctx, spec, step.id, probe, relaunched)
@@ -273,7 +273,7 @@ async def _repeated_prefix(
 async def _not_answered(
     ctx: RunContext, spec: LadderSpec, step: str, result: pb.RequestResult, relaunched: bool
 ) -> StepOutcome:
-    if requests.refused_as_invalid(result):
+    if probes.refused_as_invalid(result):
         return _refused(step, result, relaunched)
     return await _request_failed(ctx, spec, step, result, relaunched)
 
@@ -281,7 +281,7 @@ async def _not_answered(
 async def _prefix_counters(
     ctx: RunContext, spec: LadderSpec, http: aiohttp.ClientSession
 ) -> tuple[float, float] | None:
-    text = await requests.get_text(http, f"{ctx.base_url}/metrics")
+    text = await probes.get_text(http, f"{ctx.base_url}/metrics")
     if text is None:
         return None
     queries, hits = counter_total(text, spec.prefix_queries), counter_total(text, spec.prefix_hits)
@@ -293,7 +293,7 @@ async def _token_budget(ctx: RunContext, http: aiohttp.ClientSession, fraction: 
     and the deployment (its --max-model-len) accept, leaving room for the request's max_tokens. A prompt longer
     than production ever takes tests what the deployment does not have."""
     limits: list[int] = []
-    models = await requests.get_json(http, f"{ctx.base_url}/v1/models")
+    models = await probes.get_json(http, f"{ctx.base_url}/v1/models")
     for model in models.get("data", []) if isinstance(models, dict) else []:
         if isinstance(model, dict) and isinstance(model.get("max_model_len"), int):
             limits.append(int(model["max_model_len"]))
@@ -302,7 +302,7 @@ async def _token_budget(ctx: RunContext, http: aiohttp.ClientSession, fraction: 
         if isinstance(flag, str) and flag.isdigit():
             limits.append(int(flag))
     limit = min(limits, default=FALLBACK_MAX_MODEL_LEN)
-    room = limit - int(requests.fixed_body(ctx).get("max_tokens") or 0) - 1
+    room = limit - int(probes.fixed_body(ctx).get("max_tokens") or 0) - 1
     return max(1, min(int(limit * fraction), room))
 
 
@@ -314,7 +314,7 @@ async def _request_failed(
     if follower is not None:
         await follower.wait_first_error()
     error = follower.first_error.result() if follower is not None and follower.first_error.done() else None
-    error = error or await requests.hang_of(ctx, result)
+    error = error or await probes.hang_of(ctx, result)
     summary = result.error or f"HTTP {result.http_status}"
     if error is None:
         said = signature(default_rules(), "request", "request_error", summary)

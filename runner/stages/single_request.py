@@ -18,7 +18,7 @@ from runner.analyzer.signature import signature
 from runner.stages import proxies
 from runner.stages.context import Attempt, RunContext, StageResult
 from runner.stages.launcher import attempt_of, foreign_now, launch
-from runner.stages.requests import fixed_body, hang_of, refused_as_invalid, send
+from runner.stages.probes import fixed_body, hang_of, refused_as_invalid, send
 
 DEFAULT_REPEATS = 3
 
