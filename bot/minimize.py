@@ -28,10 +28,12 @@ def minimize_target(record: RunRecord) -> pb.Minimize:
             f"run {record.run_id} has no ladder step that triggered its failure (it failed before the ladder, or "
             "every step held): no flag to shrink"
         )
+    if not trigger.phase or not trigger.signature:
+        raise Refused(f"run {record.run_id}'s trigger step {trigger.step} recorded no phase and signature to reproduce")
     return pb.Minimize(
         original_run_id=record.run_id,
         step=trigger.step,
-        phase=from_id(pb.Phase, trigger.phase) if trigger.phase else pb.PHASE_UNSPECIFIED,
+        phase=from_id(pb.Phase, trigger.phase),
         category=from_id(pb.ErrorCategory, trigger.category) if trigger.category else pb.ERROR_CATEGORY_UNSPECIFIED,
         signature=trigger.signature,
     )
@@ -63,6 +65,11 @@ async def start_minimize(
         profile=str(asked.get("profile") or ""),
         image=original["image"] or "",
         argv=argv,
+        fixed=pb.FixedRequest(
+            api=str(asked.get("api") or ""),
+            body_json=str(asked.get("request") or ""),
+            repeats=int(asked.get("repeats") or 0),
+        ),
         minimize=target,
     )
     await store.call(

@@ -113,6 +113,7 @@ async def test_minimize_shrinks_a_prefix_cache_crash_to_its_flag(certs: DevCerts
         started = await start_minimize(core, original.run_id, "U1")
         assert started.request.minimize.original_run_id == original.run_id
         assert list(started.request.launch_argv) == LAUNCH.split()
+        assert started.request.request == original.request.request  # what the original sent, its probes sized on it
         finished = await core.follow(started, ignore)
         record = RunRecord.replay(started.run_id, await store.call(Store.events, started.run_id))
         audit = await store.call(Store.audit_entries)
