@@ -40,6 +40,7 @@ _LINK = re.compile(r"<(?:[@#!])?([^<>|]+)(?:\|([^<>]+))?>")
 ACTION_RERUN = "k3repro_rerun_isolated"
 ACTION_CANCEL = "k3repro_cancel"
 ACTION_MINIMIZE = "k3repro_minimize"
+MINIMAL = "minimal_failing_command"  # the artifact a minimize run ends with (runner/stages/minimize.py)
 METADATA_EVENT = "k3repro_run"
 
 RUN_MARK = {"running": "🔄", "completed": "✅", "cancelled": "⊘", "error": "⚠️", "lost": "⚠️"}
@@ -142,6 +143,7 @@ def metadata(view: RunRecord) -> dict[str, Any]:
 def card(view: RunRecord) -> Message:
     """The parent message in the channel: what runs where, and its state."""
     mark = RUN_MARK.get(view.status, "•")
+    kind, of = ("minimize run", f" of `{view.minimize_of}`") if view.minimize_of else ("run", "")
     doing = f"stage `{view.stage}`" + (f" · phase `{view.phase}`" if view.phase else "") if view.stage else ""
     state = view.status + (f" — {view.decision}" if view.decision else "")
     fields = [
@@ -153,7 +155,7 @@ def card(view: RunRecord) -> Message:
         ("Started by", f"<@{view.requested_by}>" if view.requested_by else "-"),
     ]
     blocks: list[Block] = [
-        section(f"*k3repro run* `{view.run_id}` on *{view.cluster}*", "title"),
+        section(f"*k3repro {kind}* `{view.run_id}`{of} on *{view.cluster}*", "title"),
         {
             "type": "section",
             "block_id": "facts",
@@ -185,7 +187,7 @@ def card(view: RunRecord) -> Message:
             }
         )
     blocks.append({"type": "actions", "block_id": "run_actions", "elements": buttons})
-    return fit(f"{mark} k3repro run {view.run_id} on {view.cluster}: {state}", blocks)
+    return fit(f"{mark} k3repro {kind} {view.run_id} on {view.cluster}: {state}", blocks)
 
 
 def checklist(view: RunRecord) -> Message:
@@ -282,12 +284,15 @@ def ladder_block(step: LadderStep) -> Block:
 
 def verdict(view: RunRecord, finished: Finished) -> Message:
     status, decision = finished.status, finished.decision
+    minimal = view.artifacts.get(MINIMAL, "")
     return fit(
-        f"{decision or status}: {clip(finished.summary, 300)}", verdict_blocks(view.run_id, view.cluster, finished)
+        f"{decision or status}: {clip(finished.summary, 300)}",
+        verdict_blocks(view.run_id, view.cluster, finished, minimal),
     )
 
 
-def verdict_blocks(run_id: str, cluster: str, finished: Finished) -> list[Block]:
+def verdict_blocks(run_id: str, cluster: str, finished: Finished, minimal: str = "") -> list[Block]:
+    """The run's last message; a minimize run's (`minimal`: its result) ends with the command that fails."""
     status, decision = finished.status, finished.decision
     title = f"*Verdict: {decision}*" if decision else f"*Run {status}*"
     mark = DECISION_MARK.get(decision) or RUN_MARK.get(status, "•")
@@ -298,7 +303,32 @@ def verdict_blocks(run_id: str, cluster: str, finished: Finished) -> list[Block]
     reasons = [reason for reason in finished.reasons if reason != finished.summary]
     if reasons:
         blocks.append(section("\n".join(f"• {reason}" for reason in reasons)))
-    return blocks
+    return blocks + (minimal_blocks(minimal) if minimal else [])
+
+
+def minimal_blocks(content: str) -> list[Block]:
+    """A minimize run's result: the one line that fails, what was shown irrelevant, what the search cost."""
+    result = json.loads(content)
+    flags, irrelevant, failure = result["flags"], result["irrelevant"], result["failure"]
+    lines = [
+        f"*1-minimal failing command* ({len(flags)} of {len(flags) + len(irrelevant)} flags beyond the essentials; "
+        f"fails in `{failure['phase']}` ({failure['category']}) with the same first error)",
+        code([result["command"]]),
+    ]
+    if irrelevant:
+        lines.append("irrelevant to the failure: " + " ".join(f"`{flag}`" for flag in irrelevant))
+    if result["unresolved_removals"]:
+        lines.append(
+            "taking these away was unresolved (vLLM refused, or another failure): "
+            + " ".join(f"`{flag}`" for flag in result["unresolved_removals"])
+        )
+    caveats = [] if result["confirmed_on_real"] else ["NOT confirmed on the real configuration"]
+    caveats += [] if result["one_minimal"] else ["the search stopped at its test limit: not proven 1-minimal"]
+    lines.append(
+        f"{len(result['tests'])} flag sets tested, {result['launches']} launches, confidence {result['confidence']:.2f}"
+        + "".join(f" · {caveat}" for caveat in caveats)
+    )
+    return [section(clip("\n".join(lines), MAX_SECTION), "minimal")]
 
 
 def problem(view: RunRecord) -> Message:
@@ -342,5 +372,5 @@ class EventBlocks:
         if isinstance(fact, pb.LogChunk) and self.logs:
             return [section(f"log `{fact.source}`\n" + code(list(fact.lines)))]
         if isinstance(fact, Finished):
-            return verdict_blocks(event.run_id, "", fact)
+            return verdict_blocks(event.run_id, "", fact, self.record.artifacts.get(MINIMAL, ""))
         return []

@@ -76,30 +76,3 @@ async def start_minimize(
         Store.audit, requested_by, "minimize", original["id"], f"minimize run {started.run_id}", via, place
     )
     return started
-
-
-def result_lines(record: RunRecord) -> list[str]:
-    """The minimize run's result for a terminal: the failing command and what was shown irrelevant."""
-    text = record.artifacts.get("minimal_failing_command")
-    if not text:
-        finished = record.finished
-        return [f"no minimal failing set: {finished.summary if finished else record.problem or 'the run did not end'}"]
-    result = json.loads(text)
-    lines = [
-        f"minimal failing command ({len(result['flags'])} flag(s) beyond the essentials):",
-        f"  {result['command']}",
-    ]
-    if result["irrelevant"]:
-        lines.append(f"irrelevant to the failure: {' '.join(result['irrelevant'])}")
-    if result["unresolved_removals"]:
-        lines.append(
-            f"taking these away was unresolved (vLLM refused, or another failure): {' '.join(result['unresolved_removals'])}"
-        )
-    failure = result["failure"]
-    lines.append(
-        f"fails in {failure['phase']} ({failure['category']}); {len(result['tests'])} flag sets tested, "
-        f"{result['launches']} launches; confidence {result['confidence']:.2f}"
-        + ("" if result["confirmed_on_real"] else "; NOT confirmed on the real configuration")
-        + ("" if result["one_minimal"] else "; search stopped at its test limit: not proven 1-minimal")
-    )
-    return lines

@@ -161,6 +161,7 @@ class RunRecord:
     host: str = ""
     digest: str = ""
     problem: str = ""  # why the bot stopped following (lost, refused)
+    minimize_of: str = ""  # a minimize run: the run whose flags it shrinks
     checklist: dict[str, Check] = field(default_factory=dict)  # latest by item, in the order first seen
     first_errors: dict[str, FirstError] = field(default_factory=dict)  # by stage
     notes: dict[str, list[pb.Artifact]] = field(default_factory=dict)  # one-line artifacts, by stage
@@ -176,6 +177,8 @@ class RunRecord:
     def of(cls, run: dict[str, Any]) -> RunRecord:
         """A stored run before its events: a run the store holds as ended keeps its status and why."""
         record = cls(run["id"], run["cluster"], run["runner"] or "", run["image"] or "", run["requested_by"] or "")
+        asked = json.loads(run["request_json"] or "{}")
+        record.minimize_of = str(asked.get("minimize_of") or "") if isinstance(asked, dict) else ""
         if run["status"] in FINAL:
             record.status, record.problem = run["status"], run["summary"] or ""
         return record

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from pathlib import Path
@@ -200,6 +201,10 @@ async def test_the_minimize_button_starts_a_run_with_its_own_thread(
     cards = [m for m in api.messages.values() if m["channel"] == "C-OPS" and "thread_ts" not in m]
     shrunk = next(m for m in cards if m["metadata"]["event_payload"]["run_id"] == minimize_run)
     assert ACTION_MINIMIZE not in block_text(shrunk)  # a minimize run has no ladder of its own
+    assert f"*k3repro minimize run* `{minimize_run}` of `{original}`" in block_text(shrunk)
+    last = next(m for m in api.thread(shrunk["ts"]) if m.get("reply_broadcast"))
+    assert "1-minimal failing command" in block_text(last) and "--enable-prefix-caching" in block_text(last)
+    assert "irrelevant to the failure" in block_text(last) and "--kv-cache-dtype fp8" in block_text(last)
     thread = [block_text(m) for m in api.thread(shrunk["ts"])]
     assert any("--enable-prefix-caching" in t and "1 of" in t for t in thread)
     told = [block_text(m) for m in api.thread(card["ts"])]
@@ -208,3 +213,36 @@ async def test_the_minimize_button_starts_a_run_with_its_own_thread(
     assert "not an operator" in refused and len(store.runs()) == 2
     actions = [(e["actor"], e["action"]) for e in reversed(store.audit_entries())]
     assert actions == [("U-OPS", "start"), ("U-OPS", "start"), ("U-OPS", "minimize")]
+
+
+async def test_k3repro_minimize_prints_the_failing_command(
+    certs: DevCerts, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runner = runner_data(certs, tmp_path / "runner", scenario="prefix-cache-crash", speed=500)
+    async with running_runner(runner) as daemon:
+        config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"])
+        store = AsyncStore(config.store)
+        core = Coordinator(config, store)
+
+        async def ignore(_: pb.RunEvent) -> None:
+            return None
+
+        original = await core.start("cluster-a", "U1")
+        await core.follow(original, ignore)
+        store.close()
+        (tmp_path / "k3.toml").write_text(
+            f'store = "{tmp_path / "k3.db"}"\n'
+            f'[tls]\nca = "{certs.ca}"\ncert = "{certs.bot_cert}"\nkey = "{certs.bot_key}"\n'
+            f'[clusters.cluster-a]\nrunners = ["127.0.0.1:{daemon.port}"]\nimage = "vllm/vllm-openai:kimi-k3"\n'
+            f"launch = {json.dumps(KIMI_LAUNCH)}\n"
+        )
+        capsys.readouterr()
+        code = await asyncio.to_thread(main, ["--config", str(tmp_path / "k3.toml"), "minimize", original.run_id])
+    out = capsys.readouterr().out
+    assert code == 0, out[-2000:]
+    assert "minimize run " in out and f"of {original.run_id}" in out
+    assert (
+        "1-minimal failing command" in out
+        and "--trust-remote-code --load-format fastsafetensors --enable-prefix-caching" in out
+    )
+    assert "irrelevant to the failure" in out and "Traceback" not in out

@@ -42,8 +42,8 @@ async def coordinator(config: BotConfig) -> AsyncIterator[Coordinator]:
 class EventPrinter:
     """Prints each event as it arrives (the callback of a followed run)."""
 
-    def __init__(self, out: TextIO = sys.stdout, *, logs: bool = False) -> None:
-        self.out = out
+    def __init__(self, out: TextIO | None = None, *, logs: bool = False) -> None:
+        self.out = out or sys.stdout  # looked up now: a redirected stdout (a test, a wrapper) is where lines go
         self.renderer = TextRenderer(logs=logs)
 
     async def __call__(self, event: pb.RunEvent) -> None:

@@ -16,8 +16,7 @@ from typing import Any, TextIO
 from bot.commands.common import CommandError, EventPrinter, coordinator, operator
 from bot.config import parse_bot_config
 from bot.coordinator import Coordinator
-from bot.minimize import result_lines, start_minimize
-from bot.record import RunRecord
+from bot.minimize import start_minimize
 from bot.render import run_header
 from bot.report import run_report
 from bot.store import Store
@@ -156,11 +155,7 @@ async def _minimize(core: Coordinator, run_id: str, printer: EventPrinter, out: 
     started = await start_minimize(core, run_id, operator(), via="demo")
     print(f"minimize run {started.run_id} of {run_id} · runner {started.runner}", file=out, flush=True)
     await core.follow(started, printer, printer.reconnecting)
-    events = await core.store.call(Store.events, started.run_id)
-    print("", file=out)
-    for line in result_lines(RunRecord.replay(started.run_id, events)):
-        print(line, file=out)
-    return run_report(started.run_id, events)
+    return run_report(started.run_id, await core.store.call(Store.events, started.run_id))
 
 
 def _on_this_host(data: dict[str, Any], launch: str) -> None:

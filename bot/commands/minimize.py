@@ -7,7 +7,7 @@ import asyncio
 
 from bot.commands.common import CommandError, EventPrinter, coordinator, load_config, operator
 from bot.consumer import RunLost, RunRefused
-from bot.minimize import result_lines, start_minimize
+from bot.minimize import start_minimize
 from bot.record import RunRecord, StageResult
 from bot.refusal import Refused
 from bot.store import RunNotFound, Store
@@ -45,8 +45,5 @@ async def _minimize(args: argparse.Namespace) -> int:
         except (RunRefused, RunLost) as exc:
             raise CommandError(str(exc)) from None
         record = RunRecord.replay(started.run_id, await core.store.call(Store.events, started.run_id))
-    print()
-    for line in result_lines(record):
-        print(line)
     shrunk = any(isinstance(s, StageResult) and s.stage == "minimize" and s.status == "ok" for s in record.steps)
     return 0 if finished.status == pb.RUN_STATUS_COMPLETED and shrunk else 1
