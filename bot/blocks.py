@@ -198,6 +198,9 @@ def checklist(view: RunRecord) -> Message:
         if view.stage
         else f"run {view.status}"
     )
+    if view.minimize_of:  # it settles none of the method's items: they are the original run's
+        text = f"*Checklist* · a minimize run settles none: see run `{view.minimize_of}` · {where}"
+        return fit(text, [section(text, "now"), context(f"run `{view.run_id}` · updated as the run goes")])
     held = sum(1 for check in view.checklist.values() if check.holds)
     blocks = [section(f"*Checklist* · {held}/{len(CHECKLIST_IDS)} hold · {where}", "now")]
     for item in CHECKLIST_IDS:

@@ -206,6 +206,8 @@ async def test_the_minimize_button_starts_a_run_with_its_own_thread(
     assert "1-minimal failing command" in block_text(last) and "--enable-prefix-caching" in block_text(last)
     assert "irrelevant to the failure" in block_text(last) and "--kv-cache-dtype fp8" in block_text(last)
     thread = [block_text(m) for m in api.thread(shrunk["ts"])]
+    assert any(f"a minimize run settles none: see run `{original}`" in t for t in thread)
+    assert not any("prefix_caching_isolated" in t for t in thread)  # not the method's ten items, all pending
     assert any("--enable-prefix-caching" in t and "1 of" in t for t in thread)
     told = [block_text(m) for m in api.thread(card["ts"])]
     assert any(f"minimize run `{minimize_run}` started by <@U-OPS>" in t for t in told)
