@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from bot.record import RunRecord, StageResult
 from bot.refusal import Refused
 from bot.store import AsyncStore, Store
 from protos import runner_pb2 as pb
-from runner.stages.minimize import Unit, confidence_of, ddmin, tries_needed, units_of, with_units
+from runner.stages.minimize import Unit, Verdict, confidence_of, ddmin, tries_needed, units_of, with_units
 from runner.tls import DevCerts
 from runner.vllm_cli import parse_launch_command
 from tests.k3fixtures import KIMI_LAUNCH, bot_config, runner_data, running_runner
@@ -39,10 +40,13 @@ def _units(names: str) -> tuple[Unit, ...]:
     return tuple(Unit(name, ()) for name in names)
 
 
-def _test_of(needed: set[str], unresolved: set[frozenset[str]] = frozenset()):  # type: ignore[no-untyped-def,assignment]
+def _test_of(
+    needed: set[str], unresolved: frozenset[frozenset[str]] = frozenset()
+) -> tuple[Callable[[tuple[Unit, ...]], Awaitable[Verdict]], list[frozenset[str]]]:
+    """A test that fails when every flag in `needed` is there; sets in `unresolved` are neither."""
     tested: list[frozenset[str]] = []
 
-    async def test(subset: tuple[Unit, ...]) -> str:
+    async def test(subset: tuple[Unit, ...]) -> Verdict:
         key = frozenset(u.name for u in subset)
         tested.append(key)
         if key in unresolved:
@@ -62,9 +66,9 @@ async def test_ddmin_finds_the_flags_a_failure_needs(needed: str) -> None:
 
 async def test_ddmin_is_one_minimal_when_some_sets_are_unresolved() -> None:
     # vLLM refuses every set with `c` but without `d` (a flag that needs another): such sets are unresolved
-    unresolved = {
+    unresolved = frozenset(
         frozenset(s) for n in range(9) for s in itertools.combinations("abcdefgh", n) if "c" in s and "d" not in s
-    }
+    )
     test, _ = _test_of({"c"}, unresolved)
     found = await ddmin(_units("abcdefgh"), test)
     names = {u.name for u in found}
