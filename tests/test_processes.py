@@ -107,7 +107,10 @@ def test_demo_json_is_the_run_report() -> None:
     report = json.loads(result.stdout)
     assert set(report) == {
         "run_id", "decision", "checklist", "first_error", "ladder", "trigger_step", "candidates", "launches",
+        "launch_list", "minimal_failing_command",
     }  # fmt: skip
+    assert [launch["source"] for launch in report["launch_list"]] == ["minimal_launch", "minimal_launch/attempt-2"]
+    assert report["minimal_failing_command"] is None  # not a minimize run
     assert report["decision"] == "continue"
     assert report["first_error"]["phase"] == "gpu_detect" and report["first_error"]["category"] == "nccl_comm"
     assert (report["ladder"], report["trigger_step"], report["launches"]) == ([], None, 2)
