@@ -14,21 +14,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shlex
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bot.coordinator import Coordinator
 from bot.minimize import start_minimize
 from bot.report import run_report
-from bot.store import AsyncStore, Store
-from protos import runner_pb2 as pb
+from bot.store import Store
 from runner.tls import write_dev_certs
-from tests.k3fixtures import bot_config, run_to_end, running_runner
-from tests.test_real_vllm import IMAGE, REQUEST, runner_settings
-from tests.vllm_cpu import ENV, make_model, serve_argv
+from tests.k3fixtures import bot_core, finished_run, ignore_event, run_to_end
+from tests.test_real_vllm import IMAGE, REQUEST, launch_line, runner_settings
+from tests.vllm_cpu import ENV, make_model
 
 EAGER = "--enforce-eager"
 CASES: dict[str, tuple[str, list[str]]] = {
@@ -48,24 +45,16 @@ CASES: dict[str, tuple[str, list[str]]] = {
 async def minimized(work: Path, model: Path, flags: list[str]) -> dict[str, Any] | None:
     """The method's run, then its minimize run (None: the ladder named no trigger)."""
     certs = write_dev_certs(work / "certs")
-    launch = shlex.join(serve_argv(model, "--served-model-name", "tiny", "--dtype", "bfloat16", *flags))
-    async with running_runner(runner_settings(work / "runner", certs)) as daemon:
-        config = bot_config(
-            certs, work / "k3.db", [f"127.0.0.1:{daemon.port}"], image=IMAGE, launch=launch, request=REQUEST
-        )
-        store = AsyncStore(config.store)
-        core = Coordinator(config, store)
-        try:
-            original = await core.start("cluster-a", "bench")
-            await core.follow(original, _ignore)
-            if run_report("bench", await store.call(Store.events, original.run_id))["trigger_step"] is None:
-                return None
-            started_at = time.monotonic()
-            started = await start_minimize(core, original.run_id, "bench")
-            finished = await core.follow(started, _ignore)
-            result = run_report("bench", await store.call(Store.events, started.run_id))["minimal_failing_command"]
-        finally:
-            store.close()
+    settings = {"image": IMAGE, "launch": launch_line(model, *flags), "request": REQUEST}
+    async with bot_core(certs, work, runner_settings(work / "runner", certs), **settings) as core:
+        original = await finished_run(core)
+        if run_report("bench", await core.store.call(Store.events, original.run_id))["trigger_step"] is None:
+            return None
+        started_at = time.monotonic()
+        started = await start_minimize(core, original.run_id, "bench")
+        finished = await core.follow(started, ignore_event)
+        events = await core.store.call(Store.events, started.run_id)
+        result = run_report("bench", events)["minimal_failing_command"]
     return {
         "seconds": time.monotonic() - started_at,
         "launches": finished.launches,
@@ -75,15 +64,11 @@ async def minimized(work: Path, model: Path, flags: list[str]) -> dict[str, Any]
     }
 
 
-async def _ignore(_: pb.RunEvent) -> None:
-    return None
-
-
 async def measure(work: Path, model: Path, flags: list[str], reuse: bool) -> dict[str, Any]:
     certs = write_dev_certs(work / "certs")
     data = runner_settings(work / "runner", certs)
     data["engine"]["reuse_server"] = data["engine"]["proxies"] = reuse
-    launch = shlex.join(serve_argv(model, "--served-model-name", "tiny", "--dtype", "bfloat16", *flags))
+    launch = launch_line(model, *flags)
     started = time.monotonic()
     events = await run_to_end(certs, work, data, image=IMAGE, launch=launch, request=REQUEST)
     report = run_report("bench", events)

@@ -10,7 +10,7 @@ from typing import Any
 
 from bot.config import BotConfig, parse_bot_config
 from bot.consumer import follow_run
-from bot.coordinator import Coordinator
+from bot.coordinator import Coordinator, StartedRun
 from bot.rerun import PlacedRerun, place_rerun
 from bot.store import AsyncStore
 from protos import runner_pb2 as pb
@@ -93,6 +93,29 @@ def bot_config(
     return parse_bot_config(data, base=store.parent, origin="test bot")
 
 
+@contextlib.asynccontextmanager
+async def bot_core(certs: DevCerts, tmp_path: Path, runner: dict[str, Any], **bot: Any) -> AsyncIterator[Coordinator]:
+    """The bot core (store `tmp_path/k3.db`) over mTLS to a fresh runner (`bot`: bot_config's options)."""
+    async with running_runner(runner) as daemon:
+        config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"], **bot)
+        store = AsyncStore(config.store)
+        try:
+            yield Coordinator(config, store)
+        finally:
+            store.close()
+
+
+async def ignore_event(_: pb.RunEvent) -> None:
+    return None
+
+
+async def finished_run(core: Coordinator, **start: Any) -> StartedRun:
+    """A run on cluster-a started and followed to its end (`start`: Coordinator.start's options)."""
+    started = await core.start("cluster-a", "U1", **start)
+    await core.follow(started, ignore_event)
+    return started
+
+
 async def run_to_end(
     certs: DevCerts,
     tmp_path: Path,
@@ -102,21 +125,14 @@ async def run_to_end(
     request: dict[str, Any] | None = None,
     **start: Any,
 ) -> list[pb.RunEvent]:
-    """Starts a run on a fresh runner through the bot core (`start`: Coordinator.start's options) and returns
-    every event it streamed."""
-    async with running_runner(runner) as daemon:
-        config = bot_config(
-            certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"], image=image, launch=launch, request=request
-        )
-        store = AsyncStore(config.store)
+    """Starts a run on a fresh runner through the bot core and returns every event it streamed."""
+    async with bot_core(certs, tmp_path, runner, image=image, launch=launch, request=request) as core:
         events: list[pb.RunEvent] = []
 
         async def keep(event: pb.RunEvent) -> None:
             events.append(event)
 
-        core = Coordinator(config, store)
         await core.follow(await core.start("cluster-a", "U1", **start), keep)
-        store.close()
     return events
 
 

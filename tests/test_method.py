@@ -20,7 +20,7 @@ from runner.analyzer import analyze_text
 from runner.analyzer.messages import first_error_message
 from runner.sim.scenario import scenario_path
 from runner.tls import DevCerts
-from tests.k3fixtures import bot_config, run_to_end, runner_data, running_runner
+from tests.k3fixtures import bot_config, bot_core, finished_run, run_to_end, runner_data, running_runner
 
 HOLDS, FAILS = pb.CHECKLIST_STATE_HOLDS, pb.CHECKLIST_STATE_FAILS
 
@@ -307,21 +307,12 @@ async def test_show_json_carries_the_run_report_of_any_run(
     certs: DevCerts, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     runner = runner_data(certs, tmp_path / "runner", scenario="demo", speed=500)
-    async with running_runner(runner) as daemon:
-        config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"])
-        store = AsyncStore(config.store)
-        core = Coordinator(config, store)
-        started = await core.start("cluster-a", "U1")
-        await core.follow(started, _keep_nothing)
-        events = Store(tmp_path / "k3.db").events(started.run_id)
-        store.close()
+    async with bot_core(certs, tmp_path, runner) as core:
+        started = await finished_run(core)
+        events = await core.store.call(Store.events, started.run_id)
     (tmp_path / "k3.toml").write_text(f'store = "{tmp_path / "k3.db"}"\n[clusters]\n')
     capsys.readouterr()
     assert main(["--config", str(tmp_path / "k3.toml"), "show", started.run_id, "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["report"] == run_report(started.run_id, events)
     assert shown["report"]["first_error"]["category"] == "nccl_comm" and shown["report"]["launches"] == 2
-
-
-async def _keep_nothing(event: pb.RunEvent) -> None:
-    return None

@@ -12,16 +12,15 @@ import pytest
 
 from bot.blocks import ACTION_MINIMIZE
 from bot.cli import main
-from bot.coordinator import Coordinator
 from bot.minimize import start_minimize
 from bot.record import RunRecord, StageResult
 from bot.refusal import Refused
-from bot.store import AsyncStore, Store
+from bot.store import Store
 from protos import runner_pb2 as pb
 from runner.stages.minimize import Unit, Verdict, confidence_of, ddmin, tries_needed, units_of, with_units
 from runner.tls import DevCerts
 from runner.vllm_cli import parse_launch_command
-from tests.k3fixtures import KIMI_LAUNCH, bot_config, runner_data, running_runner
+from tests.k3fixtures import KIMI_LAUNCH, bot_core, finished_run, ignore_event, runner_data
 from tests.slack_api import (
     SlackApi,
     action_body,
@@ -105,24 +104,15 @@ LAUNCH = KIMI_LAUNCH + " --max-num-seqs 64 --gpu-memory-utilization 0.92"
 
 async def test_minimize_shrinks_a_prefix_cache_crash_to_its_flag(certs: DevCerts, tmp_path: Path) -> None:
     runner = runner_data(certs, tmp_path / "runner", scenario="prefix-cache-crash", speed=500)
-    async with running_runner(runner) as daemon:
-        config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"], launch=LAUNCH)
-        store = AsyncStore(config.store)
-        core = Coordinator(config, store)
-
-        async def ignore(_: pb.RunEvent) -> None:
-            return None
-
-        original = await core.start("cluster-a", "U1")
-        await core.follow(original, ignore)
+    async with bot_core(certs, tmp_path, runner, launch=LAUNCH) as core:
+        original = await finished_run(core)
         started = await start_minimize(core, original.run_id, "U1")
         assert started.request.minimize.original_run_id == original.run_id
         assert list(started.request.launch_argv) == LAUNCH.split()
         assert started.request.request == original.request.request  # what the original sent, its probes sized on it
-        finished = await core.follow(started, ignore)
-        record = RunRecord.replay(started.run_id, await store.call(Store.events, started.run_id))
-        audit = await store.call(Store.audit_entries)
-        store.close()
+        finished = await core.follow(started, ignore_event)
+        record = RunRecord.replay(started.run_id, await core.store.call(Store.events, started.run_id))
+        audit = await core.store.call(Store.audit_entries)
     assert finished.status == pb.RUN_STATUS_COMPLETED
     assert [(s.stage, s.status) for s in record.steps if isinstance(s, StageResult)] == [
         ("freeze", "ok"),
@@ -150,21 +140,12 @@ def _sources(record: RunRecord) -> set[str]:
 
 async def test_minimize_refuses_a_run_without_a_trigger(certs: DevCerts, tmp_path: Path) -> None:
     runner = runner_data(certs, tmp_path / "runner", scenario="healthy", speed=500)
-    async with running_runner(runner) as daemon:
-        config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"])
-        store = AsyncStore(config.store)
-        core = Coordinator(config, store)
-
-        async def ignore(_: pb.RunEvent) -> None:
-            return None
-
-        healthy = await core.start("cluster-a", "U1")
-        await core.follow(healthy, ignore)
-        runs_before = await store.call(Store.runs, 10)
+    async with bot_core(certs, tmp_path, runner) as core:
+        healthy = await finished_run(core)
+        runs_before = await core.store.call(Store.runs, 10)
         with pytest.raises(Refused, match="no ladder step that triggered"):
             await start_minimize(core, healthy.run_id, "U1")
-        assert await store.call(Store.runs, 10) == runs_before  # nothing was started or stored
-        store.close()
+        assert await core.store.call(Store.runs, 10) == runs_before  # nothing was started or stored
 
 
 def test_minimize_of_an_unknown_run_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -225,22 +206,13 @@ async def test_k3repro_minimize_prints_the_failing_command(
     certs: DevCerts, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     runner = runner_data(certs, tmp_path / "runner", scenario="prefix-cache-crash", speed=500)
-    async with running_runner(runner) as daemon:
-        config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"])
-        store = AsyncStore(config.store)
-        core = Coordinator(config, store)
-
-        async def ignore(_: pb.RunEvent) -> None:
-            return None
-
-        original = await core.start("cluster-a", "U1")
-        await core.follow(original, ignore)
-        store.close()
+    async with bot_core(certs, tmp_path, runner) as core:
+        original = await finished_run(core)
         (tmp_path / "k3.toml").write_text(
             f'store = "{tmp_path / "k3.db"}"\n'
             f'[tls]\nca = "{certs.ca}"\ncert = "{certs.bot_cert}"\nkey = "{certs.bot_key}"\n'
-            f'[clusters.cluster-a]\nrunners = ["127.0.0.1:{daemon.port}"]\nimage = "vllm/vllm-openai:kimi-k3"\n'
-            f"launch = {json.dumps(KIMI_LAUNCH)}\n"
+            f"[clusters.cluster-a]\nrunners = {json.dumps(list(core.config.cluster('cluster-a').runners))}\n"
+            f'image = "vllm/vllm-openai:kimi-k3"\nlaunch = {json.dumps(KIMI_LAUNCH)}\n'
         )
         capsys.readouterr()
         code = await asyncio.to_thread(main, ["--config", str(tmp_path / "k3.toml"), "minimize", original.run_id])

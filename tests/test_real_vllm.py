@@ -17,15 +17,14 @@ from typing import Any
 
 import pytest
 
-from bot.coordinator import Coordinator
 from bot.minimize import start_minimize
 from bot.record import RunRecord
 from bot.report import run_report
-from bot.store import AsyncStore, Store
+from bot.store import Store
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
 from runner.tls import DevCerts
-from tests.k3fixtures import bot_config, run_to_end, running_runner
+from tests.k3fixtures import bot_core, finished_run, ignore_event, run_to_end
 from tests.vllm_cpu import serve_argv, vllm_env, vllm_models, vllm_python
 
 __all__ = ["vllm_env", "vllm_models"]  # fixtures used by name
@@ -56,10 +55,15 @@ def runner_settings(state: Path, certs: DevCerts) -> dict[str, Any]:
     }
 
 
+def launch_line(model: Path, *flags: str) -> str:
+    """The deployment's launch command for the cluster's config, as a user of vLLM CPU writes it."""
+    return shlex.join(serve_argv(model, "--served-model-name", "tiny", "--dtype", "bfloat16", *flags))
+
+
 @pytest.fixture
 def run(certs: DevCerts, tmp_path: Path, vllm_env: dict[str, str]) -> Run:
     async def start(model: Path, *flags: str) -> tuple[list[pb.RunEvent], dict[str, Any]]:
-        launch = shlex.join(serve_argv(model, "--served-model-name", "tiny", "--dtype", "bfloat16", *flags))
+        launch = launch_line(model, *flags)
         events = await run_to_end(
             certs, tmp_path, runner_settings(tmp_path / "runner", certs), image=IMAGE, launch=launch, request=REQUEST
         )
@@ -177,25 +181,14 @@ async def test_minimize_shrinks_the_kv_cache_failure_to_the_flag_that_causes_it(
     """8 KV blocks cannot hold one sequence of the model's 4096 tokens, with or without --max-model-len 4096:
     the 1-minimal failing set is --num-gpu-blocks-override 8 alone, found on dummy weights and confirmed real."""
     flags = ["--enforce-eager", "--max-model-len", "4096", "--num-gpu-blocks-override", "8", "--max-num-seqs", "4"]
-    launch = shlex.join(
-        serve_argv(vllm_models["llama-4k"], "--served-model-name", "tiny", "--dtype", "bfloat16", *flags)
-    )
-    async with running_runner(runner_settings(tmp_path / "runner", certs)) as daemon:
-        config = bot_config(
-            certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"], image=IMAGE, launch=launch, request=REQUEST
-        )
-        store = AsyncStore(config.store)
-        core = Coordinator(config, store)
-
-        async def ignore(_: pb.RunEvent) -> None:
-            return None
-
-        original = await core.start("cluster-a", "U1")
-        await core.follow(original, ignore)
+    launch = launch_line(vllm_models["llama-4k"], *flags)
+    async with bot_core(
+        certs, tmp_path, runner_settings(tmp_path / "runner", certs), image=IMAGE, launch=launch, request=REQUEST
+    ) as core:
+        original = await finished_run(core)
         started = await start_minimize(core, original.run_id, "U1")
-        finished = await core.follow(started, ignore)
-        events = await store.call(Store.events, started.run_id)
-        store.close()
+        finished = await core.follow(started, ignore_event)
+        events = await core.store.call(Store.events, started.run_id)
     record = RunRecord.replay(started.run_id, events)
     result = json.loads(record.artifacts["minimal_failing_command"])
     assert result["flags"] == ["--num-gpu-blocks-override 8"], result["tests"]

@@ -21,14 +21,14 @@ from importlib import resources
 from typing import Literal
 
 from protos import runner_pb2 as pb
-from protos.vocab import to_id
+from protos.vocab import PHASES, to_id
 from runner.stages import ladder, proxies
 from runner.stages.context import Attempt, RunContext, StageResult
 from runner.stages.launcher import launch, release, shell_line
 from runner.vllm_cli import Option, ServeCommand, flag_table
 
 Verdict = Literal["fail", "pass", "unresolved"]
-START_PHASES = ("container_init", "gpu_detect", "weight_load", "engine_init")
+START_PHASES = PHASES[: PHASES.index("api_listen")]  # a failure here needs no probe: the launch decides
 
 
 @dataclass(frozen=True)
@@ -110,10 +110,10 @@ async def ddmin(units: tuple[Unit, ...], test: Test) -> tuple[Unit, ...]:
             if await test(chunk) == "fail":
                 current, n, reduced = chunk, 2, True
                 break
-        if not reduced:
+        if not reduced and len(chunks) > 2:  # with two chunks each complement is the other chunk, tested above
             for chunk in chunks:
                 rest = tuple(u for u in current if u not in chunk)
-                if len(chunks) > 2 and await test(rest) == "fail":
+                if await test(rest) == "fail":
                     current, n, reduced = rest, max(n - 1, 2), True
                     break
         if not reduced:
@@ -177,7 +177,7 @@ class Tester:
         if kept is not None and kept.verdict == "fail" and kept.real:
             return kept
         with proxies.real_only(self.ctx):
-            tested = self._verdict(await self._attempt(subset, "minimize/confirm"), 1)
+            tested = self._verdict(await self._attempt(subset, "minimize/confirm"))
         self.order.append((subset, tested))
         await self.note(subset, tested, "confirmation on the real configuration")
         return tested
@@ -198,7 +198,7 @@ class Tester:
 
     async def _once(self, subset: tuple[Unit, ...], source: str) -> Tested:
         got = await proxies.repeat(self.ctx, self.target, lambda: self._attempt(subset, source))
-        return self._verdict(got, 1)
+        return self._verdict(got)
 
     async def _attempt(self, subset: tuple[Unit, ...], source: str) -> Attempt:
         ctx = self.ctx
@@ -216,17 +216,17 @@ class Tester:
             return Attempt("", "probe_error", outcome.detail, proxy=ctx.running_proxies)
         return Attempt("", "", "", proxy=ctx.running_proxies)
 
-    def _verdict(self, got: Attempt, tries: int) -> Tested:
+    def _verdict(self, got: Attempt) -> Tested:
         target, real = self.target, not got.proxy
         if got.phase and (got.phase, got.signature) == (target.phase, target.signature):
-            return Tested("fail", f"fails in {got.phase} ({got.category}) with the same first error", tries, real)
+            return Tested("fail", f"fails in {got.phase} ({got.category}) with the same first error", 1, real)
         if not got.phase and not got.category:
-            return Tested("pass", "launched and answered the probe", tries, real)
+            return Tested("pass", "launched and answered the probe", 1, real)
         if got.category == "probe_error":
-            return Tested("unresolved", f"nothing tested: {got.signature}", tries, real)
+            return Tested("unresolved", f"nothing tested: {got.signature}", 1, real)
         if got.phase == "gpu_detect" and got.category == "model_config":
-            return Tested("unresolved", "vLLM refused this flag set at argument validation", tries, real)
-        return Tested("unresolved", f"a different failure: {got.phase or 'no phase'} ({got.category})", tries, real)
+            return Tested("unresolved", "vLLM refused this flag set at argument validation", 1, real)
+        return Tested("unresolved", f"a different failure: {got.phase or 'no phase'} ({got.category})", 1, real)
 
     async def note(self, subset: tuple[Unit, ...], tested: Tested, what: str = "") -> None:
         flags = " ".join(u.text for u in subset) or "(essentials only)"
