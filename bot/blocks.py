@@ -24,6 +24,7 @@ from bot.record import (
     StageStarted,
     is_file,
 )
+from bot.store import CANCELLED, COMPLETED, ERROR, LOST, RUNNING
 from protos import runner_pb2 as pb
 from protos.vocab import CHECKLIST_IDS
 
@@ -43,7 +44,7 @@ ACTION_MINIMIZE = "k3repro_minimize"
 MINIMAL = "minimal_failing_command"  # the artifact a minimize run ends with (runner/stages/minimize.py)
 METADATA_EVENT = "k3repro_run"
 
-RUN_MARK = {"running": "🔄", "completed": "✅", "cancelled": "⊘", "error": "⚠️", "lost": "⚠️"}
+RUN_MARK = {RUNNING: "🔄", COMPLETED: "✅", CANCELLED: "⊘", ERROR: "⚠️", LOST: "⚠️"}
 STAGE_MARK = {"ok": "✅", "failed": "❌", "skipped": "⏭", "cancelled": "⊘"}
 DECISION_MARK = {"fix": "🛠", "isolate": "🧪", "continue": "🔎"}
 CHECK_MARK = {"holds": "✅", "fails": "❌"}

@@ -23,7 +23,7 @@ import re
 import sqlite3
 import tarfile
 import zlib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from hashlib import sha256
 from importlib.metadata import version
@@ -36,7 +36,7 @@ from bot import timeline
 from bot.ids import new_run_id
 from bot.record import LadderStep, RunRecord, StageResult, image_digest
 from bot.report import report
-from bot.store import FINAL, Store
+from bot.store import FINAL, Run, Store
 from protos import runner_pb2 as pb
 from runner.redact import map_strings, printable, redactor
 
@@ -48,6 +48,7 @@ MEMBER_FIELDS = ("sha256", "bytes")
 MAX_MEMBERS = 512  # a bundle has a dozen members and one log per launch
 MAX_DEPTH = 2  # "logs/<source>.log"
 MAX_EVENTS = 200_000
+RUN_FIELDS = ("id", "cluster", "status", "decision", "summary", "image")  # of the store's run, in run.json
 REQUIRED = ("run.json", "events.jsonl", "launch.json", "request.json", "fingerprint.json")
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 MEMBER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -113,22 +114,22 @@ class Bundle:
 def export_bundle(store: Store, run_id: str) -> Bundle:
     """The bundle of a finished run from the store, every member redacted."""
     run = store.get_run(run_id)
-    if run["status"] not in FINAL:
-        raise BundleError(f"run {run['id']} is still {run['status']}: export it once it has ended")
-    events = [redactor().message(e) for e in store.events(run["id"])]
-    record = RunRecord.replay(run["id"], events)
+    if run.status not in FINAL:
+        raise BundleError(f"run {run.id} is still {run.status}: export it once it has ended")
+    events = [redactor().message(e) for e in store.events(run.id)]
+    record = RunRecord.replay(run.id, events)
     found = report(record, events)
     asked = public_request(run, record)
     artifacts, fingerprint = record.artifacts, record.scene
     members: dict[str, bytes] = {
-        "run.json": _json({k: run.get(k) for k in ("id", "cluster", "status", "decision", "summary", "image")}),
+        "run.json": _json({k: v for k, v in asdict(run).items() if k in RUN_FIELDS}),
         "events.jsonl": "".join(json_format.MessageToJson(e, indent=None) + "\n" for e in events).encode(),
         "report.json": _json(found),
         "fingerprint.json": _json(fingerprint),
         "launch.json": _json(
             {
-                "cluster": run["cluster"],
-                "image": run["image"],
+                "cluster": run.cluster,
+                "image": run.image,
                 "image_digest": image_digest(fingerprint),
                 "argv": asked.get("argv", []),
                 "minimal_command": artifacts.get("minimal_command", ""),
@@ -147,24 +148,22 @@ def export_bundle(store: Store, run_id: str) -> Bundle:
     if "sim_scenario" in artifacts:
         members["scenario.toml"] = artifacts["sim_scenario"].encode()
     members = {name: _redacted(name, data) for name, data in members.items()}
-    members[TIMELINE] = timeline.png(
-        events, timeline.caption(run["id"], run["cluster"], run["decision"] or run["status"])
-    )
+    members[TIMELINE] = timeline.png(events, timeline.caption(run.id, run.cluster, run.decision or run.status))
     manifest = {
         "format": FORMAT,
         "produced_by": f"k3repro {version('k3repro')}",
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "run_id": run["id"],
+        "run_id": run.id,
         "members": {name: {"sha256": sha256(data).hexdigest(), "bytes": len(data)} for name, data in members.items()},
     }
     return Bundle(manifest, members)
 
 
-def public_request(run: dict[str, Any], record: RunRecord) -> dict[str, Any]:
+def public_request(run: Run, record: RunRecord) -> dict[str, Any]:
     """What a run was asked to do, as it may leave the bot (bundle, `show --json`): redacted, and with
     only the body's sha256 when the run's scene kept only that (the runner's `request_bodies = "hash"`)."""
     try:
-        asked = json.loads(redactor().json_text(run.get("request_json") or "{}"))
+        asked = json.loads(redactor().json_text(run.request_json or "{}"))
     except ValueError:
         asked = {}
     asked = asked if isinstance(asked, dict) else {}
@@ -323,7 +322,7 @@ def _check_schema(bundle: Bundle, origin: str) -> None:
     need(picture.startswith(PNG_SIGNATURE), f"{TIMELINE} is not a PNG")
 
 
-def import_bundle(store: Store, bundle: Bundle) -> dict[str, Any]:
+def import_bundle(store: Store, bundle: Bundle) -> Run:
     """Adds a verified bundle's run and its events to the store, in one transaction. The run keeps the
     bundle's id unless the store has it already (then it gets a fresh one); its events all get that id,
     whatever they say; every text is stripped of terminal control sequences (and redacted by the store)."""
@@ -350,28 +349,31 @@ def import_bundle(store: Store, bundle: Bundle) -> dict[str, Any]:
     }
     if body is None:
         request["body_sha256"] = asked["body_sha256"]
-    row = {
-        "id": run_id,
-        "cluster": printable(run["cluster"]),
-        "status": run["status"],
-        "decision": run.get("decision") or None,
-        "summary": printable(run.get("summary") or ""),
-        "image": printable(run.get("image") or ""),
-        "runner": source,
-        "requested_by": printable(f"import of {bundle.manifest['produced_by']}")[:120],
-        "request_json": json.dumps(request),
-        "created_at": stamp,
-        "updated_at": stamp,
-        "finished_at": stamp,
-    }
+    imported = Run(
+        id=run_id,
+        cluster=printable(run["cluster"]),
+        runner=source,
+        status=run["status"],
+        requested_by=printable(f"import of {bundle.manifest['produced_by']}")[:120],
+        channel=None,
+        thread_ts=None,
+        image=printable(run.get("image") or ""),
+        request_json=json.dumps(request),
+        decision=run.get("decision") or None,
+        summary=printable(run.get("summary") or ""),
+        created_at=stamp,
+        updated_at=stamp,
+        finished_at=stamp,
+        rerun_of=None,
+    )
     events = [map_strings(e, printable) for e in bundle.events()]
     for event in events:
         event.run_id = run_id
     try:
-        store.import_run(row, events)
+        store.import_run(imported, events)
     except sqlite3.Error as exc:
         raise BundleError(f"cannot store the bundle's run: {exc}; nothing was imported") from None
-    return row
+    return imported
 
 
 def _step(step: StageResult | LadderStep) -> dict[str, Any]:

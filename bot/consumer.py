@@ -14,7 +14,7 @@ import grpc
 from bot.config import BotConfig
 from bot.refusal import Refused
 from bot.runner_client import open_channel, rpc_error_text
-from bot.store import AsyncStore, Store, now
+from bot.store import ERROR, LOST, AsyncStore, Store, now
 from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
 from protos.vocab import to_id
@@ -76,11 +76,11 @@ async def follow_run(
         except grpc.aio.AioRpcError as exc:
             if exc.code() in REFUSALS and last_seq == 0:
                 message = f"runner {address} refused the run: {rpc_error_text(exc)}"
-                await _record_error(store, run_id, "error", message)
+                await _record_error(store, run_id, ERROR, message)
                 raise RunRefused(message) from None
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 message = f"runner {address} no longer knows run {run_id} (its journal was lost)"
-                await _record_error(store, run_id, "lost", message)
+                await _record_error(store, run_id, LOST, message)
                 raise RunLost(message) from None
             problem = rpc_error_text(exc)
         except TimeoutError:
@@ -88,7 +88,7 @@ async def follow_run(
         lost_since = lost_since or time.monotonic()
         if time.monotonic() - lost_since > config.reconnect_for_s:
             message = f"lost contact with runner {address} for {config.reconnect_for_s:.0f} s: {problem}"
-            await _record_error(store, run_id, "lost", message)
+            await _record_error(store, run_id, LOST, message)
             raise RunLost(message)
         if on_reconnect is not None:
             await on_reconnect(problem)

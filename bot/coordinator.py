@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 
@@ -15,7 +14,7 @@ from bot.dispatcher import DispatchError, RunnerState, pick_runner, survey
 from bot.ids import new_run_id
 from bot.refusal import Refused
 from bot.runner_client import open_channel, rpc_error_text
-from bot.store import ACTIVE, ActiveRunExists, AsyncStore, Store
+from bot.store import ACTIVE, ActiveRunExists, AsyncStore, Change, Run, Store
 from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
 from runner.toml_reader import ConfigError
@@ -68,8 +67,8 @@ class Coordinator:
         except LaunchCommandError as exc:
             raise Refused(f"cluster {cluster_name}: launch command: {exc}") from None
         active = await self.store.call(Store.active_run, cluster.name)
-        if active is not None and (await self.settle(active))["status"] in ACTIVE:
-            raise Refused(f"cluster {cluster.name} already has an active run: {active['id']}")
+        if active is not None and (await self.settle(active)).status in ACTIVE:
+            raise Refused(f"cluster {cluster.name} already has an active run: {active.id}")
         try:
             runner = await pick_runner(self.config, cluster)
         except DispatchError as exc:
@@ -88,30 +87,28 @@ class Coordinator:
             ),
             profile=profile or cluster.profile,
             requested_by=requested_by,
-            changes=[pb.Change(at=c["at"], what=c["what"], by=c["by"] or "") for c in changes],
+            changes=[pb.Change(at=c.at, what=c.what, by=c.by) for c in changes],
             deployment_error=deployment_error,
             minimize=minimize,
         )
-        row = {
-            "id": run_id,
-            "cluster": cluster.name,
-            "runner": runner.address,
-            "status": "running",
-            "requested_by": requested_by,
-            "image": image,
-            "request_json": json.dumps(
-                {
-                    "argv": launch_argv,
-                    "request": request.request.body_json,
-                    "api": request.request.api,
-                    "repeats": request.request.repeats,
-                    "profile": request.profile,
-                    **({"minimize_of": minimize.original_run_id} if minimize is not None else {}),
-                }
-            ),
+        asked = {
+            "argv": launch_argv,
+            "request": request.request.body_json,
+            "api": request.request.api,
+            "repeats": request.request.repeats,
+            "profile": request.profile,
+            **({"minimize_of": minimize.original_run_id} if minimize is not None else {}),
         }
         try:  # the row reserves the cluster (one active run each) while the runner is asked
-            await self.store.call(Store.create_run, row)
+            await self.store.call(
+                Store.create_run,
+                run_id,
+                cluster.name,
+                runner=runner.address,
+                requested_by=requested_by,
+                image=image,
+                request_json=json.dumps(asked),
+            )
         except ActiveRunExists as exc:
             raise Refused(f"cluster {cluster.name} already has an active run: {exc.run_id}") from None
         try:
@@ -140,7 +137,7 @@ class Coordinator:
     ) -> pb.RunFinished:
         """Follows a run this bot stored earlier, from the last event it stored."""
         run = await self.store.call(Store.get_run, run_id)
-        return await self._followed(run["id"], run["runner"], on_event, on_reconnect)
+        return await self._followed(run.id, run.runner, on_event, on_reconnect)
 
     async def _followed(
         self, run_id: str, runner: str, on_event: EventCallback, on_reconnect: ReconnectCallback | None
@@ -151,23 +148,23 @@ class Coordinator:
         finally:
             self.following.discard(run_id)
 
-    async def settle(self, run: dict[str, Any]) -> dict[str, Any]:
+    async def settle(self, run: Run) -> Run:
         """A stored active run as its runner knows it now. The process that followed it may have died (a CLI
         killed mid-run): when its runner no longer runs it, its journal is replayed into the store up to its
         run_finished, so the cluster is free again. A run still running, one this process follows, one not yet
         accepted (no event stored: a start may be in flight) or an unreachable runner: the row as stored."""
-        if run["status"] not in ACTIVE or run["id"] in self.following:
+        if run.status not in ACTIVE or run.id in self.following:
             return run
-        if await self.store.call(Store.last_seq, run["id"]) == 0:
+        if await self.store.call(Store.last_seq, run.id) == 0:
             return run
         try:
-            async with open_channel(run["runner"], self.config.tls) as channel:
+            async with open_channel(run.runner, self.config.tls) as channel:
                 description = await pb_grpc.RunnerStub(channel).Describe(
                     pb.DescribeRequest(), timeout=self.config.connect_timeout_s
                 )
         except grpc.aio.AioRpcError:
             return run
-        if run["id"] in description.active_run_ids:
+        if run.id in description.active_run_ids:
             return run
 
         async def stored_only(_: pb.RunEvent) -> None:
@@ -175,30 +172,30 @@ class Coordinator:
 
         try:  # a finished run's WatchRun replays what the store lacks and ends with its run_finished
             async with asyncio.timeout(self.config.connect_timeout_s + 30):
-                await self._followed(run["id"], run["runner"], stored_only, None)
+                await self._followed(run.id, run.runner, stored_only, None)
         except (TimeoutError, RunLost, RunRefused):
             pass
-        return await self.store.call(Store.get_run, run["id"])
+        return await self.store.call(Store.get_run, run.id)
 
     async def cancel(self, run_id: str, requested_by: str, via: str = "cli", place: str = "", by: str = "") -> str:
         """`by`: how the thread names who cancelled (Slack: a mention); `requested_by` by default."""
         run = await self.store.call(Store.get_run, run_id)
-        if run["status"] not in ACTIVE:
-            return f"run {run['id']} already ended ({run['status']})"
-        async with open_channel(run["runner"], self.config.tls) as channel:
+        if run.status not in ACTIVE:
+            return f"run {run.id} already ended ({run.status})"
+        async with open_channel(run.runner, self.config.tls) as channel:
             try:
                 answer = await pb_grpc.RunnerStub(channel).CancelRun(
                     pb.CancelRunRequest(
-                        run_id=run["id"], requested_by=requested_by, reason=f"cancelled by {by or requested_by}"
+                        run_id=run.id, requested_by=requested_by, reason=f"cancelled by {by or requested_by}"
                     ),
                     timeout=self.config.connect_timeout_s + 30,
                 )
             except grpc.aio.AioRpcError as exc:
-                raise Refused(f"cannot cancel run {run['id']}: {rpc_error_text(exc)}") from None
-        await self.store.call(Store.audit, requested_by, "cancel", run["id"], answer.message, via, place)
-        return f"run {run['id']}: {answer.message}"
+                raise Refused(f"cannot cancel run {run.id}: {rpc_error_text(exc)}") from None
+        await self.store.call(Store.audit, requested_by, "cancel", run.id, answer.message, via, place)
+        return f"run {run.id}: {answer.message}"
 
-    async def note(self, cluster_name: str, what: str, by: str, via: str = "cli", place: str = "") -> dict[str, Any]:
+    async def note(self, cluster_name: str, what: str, by: str, via: str = "cli", place: str = "") -> Change:
         """Appends to a cluster's change log; the next run's freeze records it."""
         try:
             cluster = self.config.cluster(cluster_name)
@@ -209,9 +206,9 @@ class Coordinator:
             raise Refused("a note needs text: what changed")
         if len(text) > MAX_NOTE_CHARS:
             raise Refused(f"a note is at most {MAX_NOTE_CHARS} characters (got {len(text)})")
-        row = await self.store.call(Store.add_change, cluster.name, text, by, via)
+        change = await self.store.call(Store.add_change, cluster.name, text, by, via)
         await self.store.call(Store.audit, by, "note", cluster.name, text, via, place)
-        return row
+        return change
 
     async def runners(self, cluster_name: str | None = None) -> list[tuple[str, RunnerState]]:
         names = [cluster_name] if cluster_name else sorted(self.config.clusters)

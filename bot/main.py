@@ -8,16 +8,13 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 from bot.config import config_path, load_bot_config
-from bot.consumer import RunLost, RunRefused
 from bot.coordinator import Coordinator
-from bot.isolation import IsolationError
-from bot.rerun import finish_rerun, verdict_lines
-from bot.store import ACTIVE, AsyncStore, Store
+from bot.rerun import RerunOutcome, verdict_lines
+from bot.resume import Shown, resume_active
+from bot.store import AsyncStore, Run
 from protos import runner_pb2 as pb
-from protos.vocab import to_id
 from runner.toml_reader import ConfigError
 
 log = logging.getLogger("k3repro.bot")
@@ -34,29 +31,21 @@ async def resume_all(config_file: Path) -> int:
 
 
 async def resume_runs(core: Coordinator) -> bool:
-    """Every active run to its end; an isolated rerun also gets its placement released and its verdict.
+    """Every active run to its end, each event and verdict logged (the one resume path, bot/resume.py).
     False when some run could not be followed."""
-    active = await core.store.call(Store.runs, 10_000, ACTIVE)
-    log.info("resuming %d active run(s)", len(active))
+    follows = await resume_active(core, _logged)
+    log.info("resuming %d active run(s)", len(follows))
+    return all(await asyncio.gather(*follows.values()))
 
-    async def one(run: dict[str, Any]) -> bool:
-        async def note(event: pb.RunEvent) -> None:
-            log.info("run %s seq %d %s", run["id"], event.seq, event.WhichOneof("payload"))
 
-        try:
-            if run["rerun_of"]:
-                outcome = await finish_rerun(core, run["id"], note)
-                finished = outcome.finished
-                log.info("rerun %s of %s: %s", run["id"], run["rerun_of"], " ".join(verdict_lines(outcome)))
-            else:
-                finished = await core.resume(run["id"], note)
-        except (RunLost, RunRefused, IsolationError, ConfigError) as exc:
-            log.error("run %s: %s", run["id"], exc)
-            return False
-        log.info("run %s finished: %s", run["id"], to_id(pb.RunStatus, finished.status))
-        return True
+async def _logged(run: Run) -> Shown:
+    async def note(event: pb.RunEvent) -> None:
+        log.info("run %s seq %d %s", run.id, event.seq, event.WhichOneof("payload"))
 
-    return all(await asyncio.gather(*(one(run) for run in active)))
+    async def verdict(outcome: RerunOutcome) -> None:
+        log.info("rerun %s of %s: %s", run.id, run.rerun_of, " ".join(verdict_lines(outcome)))
+
+    return Shown(on_event=note, verdict=verdict)
 
 
 async def serve(config_file: Path) -> int:

@@ -45,25 +45,25 @@ async def start_minimize(
     """Starts the minimize run of `run_id` on its cluster (returns once its runner accepted it)."""
     store = core.store
     original = await store.call(Store.get_run, run_id)
-    if original["rerun_of"]:
-        raise Refused(f"run {original['id']} is an isolated rerun; minimize {original['rerun_of']}, the run it replays")
-    asked: dict[str, Any] = json.loads(original["request_json"] or "{}")
+    if original.rerun_of:
+        raise Refused(f"run {original.id} is an isolated rerun; minimize {original.rerun_of}, the run it replays")
+    asked: dict[str, Any] = json.loads(original.request_json or "{}")
     if asked.get("minimize_of"):
-        raise Refused(f"run {original['id']} is itself a minimize run of {asked['minimize_of']}")
-    events = await store.call(Store.events, original["id"])
-    record = RunRecord.replay(original["id"], events)
-    record.status = original["status"]
+        raise Refused(f"run {original.id} is itself a minimize run of {asked['minimize_of']}")
+    events = await store.call(Store.events, original.id)
+    record = RunRecord.replay(original.id, events)
+    record.status = original.status
     target = minimize_target(record)
     argv = asked.get("argv")
     if not isinstance(argv, list) or not all(isinstance(token, str) for token in argv):
-        raise Refused(f"run {original['id']} has no stored launch command to minimize")
+        raise Refused(f"run {original.id} has no stored launch command to minimize")
     started = await core.start(
-        original["cluster"],
+        original.cluster,
         requested_by,
         via,
         place=place,
         profile=str(asked.get("profile") or ""),
-        image=original["image"] or "",
+        image=original.image,
         argv=argv,
         fixed=pb.FixedRequest(
             api=str(asked.get("api") or ""),
@@ -72,7 +72,5 @@ async def start_minimize(
         ),
         minimize=target,
     )
-    await store.call(
-        Store.audit, requested_by, "minimize", original["id"], f"minimize run {started.run_id}", via, place
-    )
+    await store.call(Store.audit, requested_by, "minimize", original.id, f"minimize run {started.run_id}", via, place)
     return started

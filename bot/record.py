@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from bot.store import FINAL
+from bot.store import FINAL, RUNNING, Run
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
 
@@ -155,7 +155,7 @@ class RunRecord:
     runner: str = ""
     image: str = ""
     requested_by: str = ""
-    status: str = "running"
+    status: str = RUNNING
     stage: str = ""
     phase: str = ""
     host: str = ""
@@ -174,13 +174,13 @@ class RunRecord:
     signatures: set[str] = field(default_factory=set)  # of every first error seen
 
     @classmethod
-    def of(cls, run: dict[str, Any]) -> RunRecord:
+    def of(cls, run: Run) -> RunRecord:
         """A stored run before its events: a run the store holds as ended keeps its status and why."""
-        record = cls(run["id"], run["cluster"], run["runner"] or "", run["image"] or "", run["requested_by"] or "")
-        asked = json.loads(run["request_json"] or "{}")
+        record = cls(run.id, run.cluster, run.runner, run.image, run.requested_by)
+        asked = json.loads(run.request_json or "{}")
         record.minimize_of = str(asked.get("minimize_of") or "") if isinstance(asked, dict) else ""
-        if run["status"] in FINAL:
-            record.status, record.problem = run["status"], run["summary"] or ""
+        if run.status in FINAL:
+            record.status, record.problem = run.status, run.summary or ""
         return record
 
     @classmethod

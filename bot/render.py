@@ -8,9 +8,9 @@ reaches the screen.
 from __future__ import annotations
 
 from datetime import UTC
-from typing import Any
 
 from bot.blocks import EventBlocks, text_lines
+from bot.store import Run
 from protos import runner_pb2 as pb
 from runner.redact import printable, redactor
 
@@ -31,10 +31,10 @@ class TextRenderer:
         return [terminal(f"[{stamp}] {body[0]}"), *(terminal(f"{INDENT}{line}") for line in body[1:])]
 
 
-def run_header(run: dict[str, Any]) -> str:
+def run_header(run: Run) -> str:
     return terminal(
-        f"run {run['id']} · cluster {run['cluster']} · runner {run['runner']} · image {run['image']} · "
-        f"{run['status']}" + (f" · decision {run['decision']}" if run.get("decision") else "")
+        f"run {run.id} · cluster {run.cluster} · runner {run.runner} · image {run.image} · "
+        f"{run.status}" + (f" · decision {run.decision}" if run.decision else "")
     )
 
 

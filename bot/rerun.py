@@ -20,7 +20,7 @@ from bot.ids import new_run_id
 from bot.isolation import IsolationError, Placement, Provider, make_provider
 from bot.record import RunRecord
 from bot.refusal import Refused
-from bot.store import ACTIVE, RunNotFound, Store, now
+from bot.store import Store
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
 from runner.fingerprint import diff
@@ -75,25 +75,25 @@ async def place_rerun(
     """Checks the rerun, gets it a runner and records it (with what ends its placement); nothing runs yet."""
     store = core.store
     original = await store.call(Store.get_run, run_id)
-    if original["rerun_of"]:
-        raise Refused(f"run {original['id']} is itself a rerun of {original['rerun_of']}; rerun that one")
+    if original.rerun_of:
+        raise Refused(f"run {original.id} is itself a rerun of {original.rerun_of}; rerun that one")
     try:
-        bundle = await store.call(export_bundle, original["id"])
-        provider = make_provider(core.config, core.config.cluster(original["cluster"]))
+        bundle = await store.call(export_bundle, original.id)
+        provider = make_provider(core.config, core.config.cluster(original.cluster))
     except (BundleError, ConfigError, IsolationError) as exc:
         raise Refused(f"{exc}; nothing was started") from None
     size = len(bundle.to_bytes())
     if size > MAX_BUNDLE_BYTES:
         raise Refused(
-            f"the bundle of run {original['id']} is {size} bytes, over the limit of {MAX_BUNDLE_BYTES} bytes; "
+            f"the bundle of run {original.id} is {size} bytes, over the limit of {MAX_BUNDLE_BYTES} bytes; "
             "nothing was started"
         )
     body = bundle.request_body()
     if body is None:  # the runner kept only the body's sha256 (request_bodies = "hash"): this store has it
-        body = json.loads(original["request_json"] or "{}").get("request") or None
+        body = json.loads(original.request_json or "{}").get("request") or None
     if body is None:
         raise Refused(
-            f'the bundle of run {original["id"]} keeps only the request body\'s sha256 (request_bodies = "hash") '
+            f'the bundle of run {original.id} keeps only the request body\'s sha256 (request_bodies = "hash") '
             "and this store has no body for it; nothing was started"
         )
     rerun_id = new_run_id()
@@ -105,34 +105,24 @@ async def place_rerun(
     try:
         await store.call(
             Store.create_rerun,
-            {
-                "id": rerun_id,
-                "cluster": original["cluster"],
-                "runner": placement.address,
-                "status": "running",
-                "requested_by": requested_by,
-                "image": request.image,
-                "request_json": json.dumps(
-                    {**json.loads(original["request_json"] or "{}"), "argv": list(request.launch_argv)}
-                ),
-                "rerun_of": original["id"],
-            },
-            {
-                "run_id": rerun_id,
-                "original_id": original["id"],
-                "provider": placement.provider,
-                "placement": placement.where,
-                "handle": placement.handle,
-                "bundle_sha256": bundle.sha256,
-            },
+            rerun_id,
+            original,
+            runner=placement.address,
+            requested_by=requested_by,
+            image=request.image,
+            request_json=json.dumps({**json.loads(original.request_json or "{}"), "argv": list(request.launch_argv)}),
+            provider=placement.provider,
+            placement=placement.where,
+            handle=placement.handle,
+            bundle_sha256=bundle.sha256,
         )
         await store.call(
-            Store.audit, requested_by, "rerun", original["id"], f"rerun {rerun_id} on {placement.where}", via, place
+            Store.audit, requested_by, "rerun", original.id, f"rerun {rerun_id} on {placement.where}", via, place
         )
     except BaseException:
         await asyncio.shield(provider.release(placement))
         raise
-    return PlacedRerun(rerun_id, original["id"], request, provider, placement)
+    return PlacedRerun(rerun_id, original.id, request, provider, placement)
 
 
 async def finish_rerun(
@@ -149,24 +139,22 @@ async def finish_rerun(
     finally:
         await asyncio.shield(placed.provider.release(placement))
         if placement.handle:  # a job of its own: releasing it ended the run, even if we did not see the end
-            await store.call(_close_if_active, rerun_id, f"the bot stopped following; {placement.where} was ended")
+            await store.call(Store.close_if_active, rerun_id, f"the bot stopped following; {placement.where} was ended")
     original, events = await store.call(Store.events, placed.original_id), await store.call(Store.events, rerun_id)
     comparison = compare(original, events)
     if finished.status != pb.RUN_STATUS_COMPLETED:
         status = to_id(pb.RunStatus, finished.status)
         comparison = {**comparison, "verdict": None, "why": f"the rerun ended {status}: {finished.summary}"}
-    await store.call(
-        Store.update_rerun, rerun_id, verdict=comparison["verdict"] or "", comparison_json=json.dumps(comparison)
-    )
+    await store.call(Store.record_verdict, rerun_id, comparison["verdict"] or "", json.dumps(comparison))
     return RerunOutcome(rerun_id, placed.original_id, placement, finished, comparison)
 
 
 async def _stored(core: Coordinator, rerun_id: str) -> PlacedRerun:
     """A rerun as the store recorded it when it was placed (IsolationError/ConfigError: its provider is gone)."""
-    run, row = await core.store.call(Store.get_run, rerun_id), await core.store.call(Store.get_rerun, rerun_id)
-    provider = make_provider(core.config, core.config.cluster(run["cluster"]))
-    placement = Placement(row["provider"], run["runner"], row["placement"], row["handle"] or "")
-    return PlacedRerun(rerun_id, row["original_id"], None, provider, placement)
+    run, link = await core.store.call(Store.get_run, rerun_id), await core.store.call(Store.get_rerun, rerun_id)
+    provider = make_provider(core.config, core.config.cluster(run.cluster))
+    placement = Placement(link.provider, run.runner, link.placement, link.handle or "")
+    return PlacedRerun(rerun_id, link.original_id, None, provider, placement)
 
 
 def rerun_request(bundle: Bundle, rerun_id: str, requested_by: str, body: str | None = None) -> pb.StartRunRequest:
@@ -256,12 +244,3 @@ def verdict_lines(outcome: RerunOutcome) -> list[str]:
     else:
         lines.append("  no environment difference that matters")
     return lines
-
-
-def _close_if_active(store: Store, run_id: str, why: str) -> None:
-    try:
-        run = store.get_run(run_id)
-    except RunNotFound:
-        return
-    if run["status"] in ACTIVE:
-        store.update_run(run_id, status="cancelled", summary=why, finished_at=now())

@@ -9,11 +9,12 @@ from __future__ import annotations
 import io
 import threading
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from bot.store import Run
 from protos import runner_pb2 as pb
 from protos.vocab import PHASES
 from runner.launches import LaunchSpan, launches
@@ -75,9 +76,9 @@ def _draw(bars: list[LaunchSpan], path: Path | IO[bytes], title: str) -> int:
     return len(bars)
 
 
-def write_timeline(run: dict[str, Any], events: list[pb.RunEvent], path: Path) -> str:
+def write_timeline(run: Run, events: list[pb.RunEvent], path: Path) -> str:
     """`k3repro show RUN --timeline FILE`: draws the run into `path`; returns the line that says so."""
-    drawn = draw(events, path, caption(run["id"], run["cluster"], run["decision"] or run["status"]))
+    drawn = draw(events, path, caption(run.id, run.cluster, run.decision or run.status))
     return f"timeline of {drawn} launch(es) written to {path}"
 
 

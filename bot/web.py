@@ -17,8 +17,8 @@ from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 
 from bot.config import BotConfig
 from bot.slack import socket_mode
-from bot.slack.outbox import pending_count
 from bot.slack.service import SlackBot
+from bot.store import Store
 
 SLACK_PATH = "/slack/events"
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -40,7 +40,7 @@ def web_app(bot: SlackBot) -> web.Application:
         return web.json_response({"ok": True})
 
     async def metrics(_: web.Request) -> web.Response:
-        pending = await bot.store.call(pending_count)
+        pending = await bot.store.call(Store.pending_count)
         text = bot.metrics.render({"k3repro_slack_outbox_pending": float(pending)})
         return web.Response(body=text.encode(), headers={"Content-Type": PROMETHEUS_TEXT})
 

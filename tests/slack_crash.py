@@ -15,8 +15,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bot.slack.outbox import pending_count
-from bot.store import Store
+from bot.store import ACTIVE, Store
 from runner.tls import DevCerts
 from tests.k3fixtures import runner_data, running_runner
 from tests.slack_api import (
@@ -94,7 +93,7 @@ def finished(store_path: Path) -> bool:
     store = Store(store_path)
     try:
         runs = store.runs()
-        return bool(runs) and runs[0]["status"] not in ("queued", "running") and pending_count(store) == 0
+        return bool(runs) and runs[0].status not in ACTIVE and store.pending_count() == 0
     finally:
         store.close()
 

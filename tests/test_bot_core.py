@@ -65,8 +65,8 @@ async def test_failing_run_reports_phase_and_first_error(certs: DevCerts, tmp_pa
     assert "--tool-call-parser" not in minimal and "--tensor-parallel-size 8" in minimal
     assert "--no-enable-prefix-caching" in minimal
     run = Store(config.store).get_run(started.run_id)
-    assert (run["status"], run["decision"]) == ("completed", "continue")
-    assert "gpu_detect" in run["summary"]
+    assert (run.status, run.decision) == ("completed", "continue")
+    assert "gpu_detect" in (run.summary or "")
 
 
 async def test_healthy_run_sends_the_fixed_request_three_times(certs: DevCerts, tmp_path: Path) -> None:
@@ -190,8 +190,8 @@ async def test_second_start_points_to_the_active_run(certs: DevCerts, tmp_path: 
         store.close()
     assert finished.status == pb.RUN_STATUS_CANCELLED
     run = Store(config.store).get_run(started.run_id)
-    assert run["status"] == "cancelled"
-    actions = [row["action"] for row in Store(config.store).audit_entries()]
+    assert run.status == "cancelled"
+    actions = [entry.action for entry in Store(config.store).audit_entries()]
     assert actions == ["cancel", "start"]
 
 

@@ -68,15 +68,9 @@ def _store(path: Path, run_id: str = "20261130-090000-abcd", status: str = "comp
     store = Store(path)
     request = {"argv": ARGV, "request": '{"max_tokens": 8}', "api": "chat", "repeats": 3, "profile": "kimi-k3"}
     store.create_run(
-        {
-            "id": run_id,
-            "cluster": "cluster-a",
-            "runner": "127.0.0.1:1",
-            "status": status,
-            "image": "vllm/vllm-openai:kimi-k3",
-            "request_json": json.dumps(request),
-        }
+        run_id, "cluster-a", runner="127.0.0.1:1", image="vllm/vllm-openai:kimi-k3", request_json=json.dumps(request)
     )
+    store.update_run(run_id, status=status)
     for event in _events(run_id):
         store.add_event(event)
     return store
@@ -131,11 +125,11 @@ def test_round_trip_keeps_every_member_and_event(tmp_path: Path) -> None:
     assert back.manifest["format"] == 1 and back.manifest["produced_by"].startswith("k3repro ")
     other = Store(tmp_path / "b.db")
     row = import_bundle(other, back)
-    assert row["id"] == "20261130-090000-abcd" and other.get_run(row["id"])["status"] == "completed"
-    assert other.events(row["id"]) == store.events(row["id"])
+    assert row.id == "20261130-090000-abcd" and other.get_run(row.id).status == "completed"
+    assert other.events(row.id) == store.events(row.id)
     with pytest.raises(BundleError, match="already in this store as run 20261130-090000-abcd; nothing was imported"):
         import_bundle(other, back)
-    assert len(other.events(row["id"])) == len(_events("x"))
+    assert len(other.events(row.id)) == len(_events("x"))
 
 
 def test_an_active_run_is_not_exported(tmp_path: Path) -> None:
@@ -176,7 +170,7 @@ def test_the_timeline_is_only_a_picture_to_import(tmp_path: Path) -> None:
     made = export_bundle(_store(tmp_path / "a.db"), "20261130-090000-abcd")
     other = Store(tmp_path / "b.db")
     row = import_bundle(other, parse_bundle(_resealed(made, {TIMELINE: None})))
-    assert len(other.events(row["id"])) == len(_events("x"))
+    assert len(other.events(row.id)) == len(_events("x"))
     with pytest.raises(BundleError, match=r"timeline\.png is not a PNG"):
         parse_bundle(_resealed(made, {TIMELINE: b"<script>alert(1)</script>"}))
 
@@ -213,7 +207,7 @@ def test_cli_export_and_import_and_their_refusals(
     assert capsys.readouterr().err.strip() == "k3repro: no run 'nope"
     assert main(["--config", str(tmp_path / "b.toml"), "bundle", "import", str(file)]) == 0
     assert "every member verified" in capsys.readouterr().out
-    assert Store(tmp_path / "b.db").get_run("20261130-090000-abcd")["cluster"] == "cluster-a"
+    assert Store(tmp_path / "b.db").get_run("20261130-090000-abcd").cluster == "cluster-a"
 
     cut = tmp_path / "cut.tar.gz"
     cut.write_bytes(file.read_bytes()[:200])

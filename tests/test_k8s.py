@@ -218,7 +218,7 @@ async def test_a_rerun_creates_the_job_connects_to_its_pod_and_deletes_it(certs:
     allowed = _allowed_by_the_bot_role()
     for method, path, _ in api.requests:
         assert _verb(method, path) in allowed, (method, path)
-    assert link[0]["provider"] == "kubernetes" and link[0]["verdict"] == "reproduced"
+    assert link[0].provider == "kubernetes" and link[0].verdict == "reproduced"
 
 
 async def test_a_pod_that_never_runs_is_reported_and_its_job_deleted(tmp_path: Path) -> None:

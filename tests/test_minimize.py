@@ -131,7 +131,7 @@ async def test_minimize_shrinks_a_prefix_cache_crash_to_its_flag(certs: DevCerts
     # the full set first (it must fail), then the search: every verdict is one of three
     assert result["tests"][0]["verdict"] == "fail" and len(result["tests"][0]["flags"]) == len(result["irrelevant"]) + 1
     assert {t["verdict"] for t in result["tests"]} <= {"fail", "pass", "unresolved"}
-    assert any(e["action"] == "minimize" and e["target"] == original.run_id for e in audit)
+    assert any(e.action == "minimize" and e.target == original.run_id for e in audit)
 
 
 def _sources(record: RunRecord) -> set[str]:
@@ -172,7 +172,7 @@ async def test_the_minimize_button_starts_a_run_with_its_own_thread(
         await post(served, body := command_body("start cluster-a"), signed(body))
         await settle(served)
         store = Store(tmp_path / "k3.db")
-        original = store.runs()[0]["id"]
+        original = store.runs()[0].id
         card = parent_of(api)
         assert card is not None and ACTION_MINIMIZE in block_text(card)  # the ladder named a trigger
         click = action_body(action_payload(ACTION_MINIMIZE, original, trigger="t-minimize"))
@@ -181,8 +181,8 @@ async def test_the_minimize_button_starts_a_run_with_its_own_thread(
         await post(served, body := command_body(f"minimize {original}", user="U-NOBODY"), signed(body))
         await settle(served)
     runs = store.runs()
-    assert len(runs) == 2 and json.loads(runs[0]["request_json"])["minimize_of"] == original
-    minimize_run = runs[0]["id"]
+    assert len(runs) == 2 and json.loads(runs[0].request_json)["minimize_of"] == original
+    minimize_run = runs[0].id
     cards = [m for m in api.messages.values() if m["channel"] == "C-OPS" and "thread_ts" not in m]
     shrunk = next(m for m in cards if m["metadata"]["event_payload"]["run_id"] == minimize_run)
     assert ACTION_MINIMIZE not in block_text(shrunk)  # a minimize run has no ladder of its own
@@ -198,7 +198,7 @@ async def test_the_minimize_button_starts_a_run_with_its_own_thread(
     assert any(f"minimize run `{minimize_run}` started by <@U-OPS>" in t for t in told)
     refused = api.called("chat.postEphemeral")[-1].body["text"]
     assert "not an operator" in refused and len(store.runs()) == 2
-    actions = [(e["actor"], e["action"]) for e in reversed(store.audit_entries())]
+    actions = [(e.actor, e.action) for e in reversed(store.audit_entries())]
     assert actions == [("U-OPS", "start"), ("U-OPS", "start"), ("U-OPS", "minimize")]
 
 

@@ -206,21 +206,21 @@ async def test_a_cli_killed_mid_run_does_not_leave_its_cluster_active(certs: Dev
             busy = cli("start", "cluster-a")  # the runner still runs it: refused, truthfully
             assert busy.returncode == 2 and f"already has an active run: {first}" in busy.stderr
             await asyncio.wait_for(ended(stub, first), 120)
-            assert Store(tmp_path / "k3.db").get_run(first)["status"] == "running"  # nobody followed it to its end
+            assert Store(tmp_path / "k3.db").get_run(first).status == "running"  # nobody followed it to its end
             listed = cli("runs")
             assert listed.returncode == 0 and f"{first}  cluster-a      completed" in listed.stdout
             store = Store(tmp_path / "k3.db")
             events = store.events(first)
             assert [e.seq for e in events] == list(range(1, len(events) + 1))
             assert events[-1].run_finished.status == pb.RUN_STATUS_COMPLETED
-            assert store.get_run(first)["summary"] == events[-1].run_finished.summary
+            assert store.get_run(first).summary == events[-1].run_finished.summary
 
             second = _killed_mid_run(config)
             await asyncio.wait_for(ended(stub, second), 120)
             third = cli("start", "cluster-a")  # start settles the stale row itself
             assert third.returncode == 0, third.stderr
             assert third.stdout.startswith("run ") and third.stdout.split()[1] not in (first, second)
-            assert Store(tmp_path / "k3.db").get_run(second)["status"] == "completed"
+            assert Store(tmp_path / "k3.db").get_run(second).status == "completed"
     finally:
         daemon.kill()
         daemon.wait(timeout=10)

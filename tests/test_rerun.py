@@ -87,9 +87,9 @@ async def test_a_secondary_oom_on_the_original_host_is_not_reproduced_on_a_clean
         "none",
     )
     assert outcome.placement.address == s.isolated and outcome.finished.status == pb.RUN_STATUS_COMPLETED
-    assert rerun_row["rerun_of"] == original and rerun_row["runner"] == s.isolated
-    assert rerun_row["status"] == "completed" and rerun_row["image"] == "vllm/vllm-openai:kimi-k3"
-    assert [(r["run_id"], r["verdict"], r["provider"]) for r in link] == [(outcome.run_id, "not_reproduced", "static")]
+    assert rerun_row.rerun_of == original and rerun_row.runner == s.isolated
+    assert rerun_row.status == "completed" and rerun_row.image == "vllm/vllm-openai:kimi-k3"
+    assert [(r.run_id, r.verdict, r.provider) for r in link] == [(outcome.run_id, "not_reproduced", "static")]
     text = "\n".join(verdict_lines(outcome))
     assert "not_reproduced" in text and "foreign GPU memory" in text and "original: gpu_detect [oom]" in text
 
@@ -155,7 +155,7 @@ async def test_without_an_isolation_provider_nothing_starts(certs: DevCerts, tmp
         "no isolation provider is configured for cluster cluster-a ([isolation] in the bot's config); "
         "nothing was started"
     )
-    assert [r["id"] for r in runs] == [original]
+    assert [r.id for r in runs] == [original]
 
 
 def _bundle(digest_ref: str | None) -> Bundle:
@@ -212,7 +212,7 @@ async def test_a_once_runner_serves_one_run_then_refuses_more(certs: DevCerts, t
         core = Coordinator(config, store)
         first = await _original(Site(core, store, ""))
         assert daemon.hub.served.is_set()
-        assert (await store.call(Store.get_run, first))["status"] == "completed"
+        assert (await store.call(Store.get_run, first)).status == "completed"
         with pytest.raises(Refused, match=r"resource_exhausted: runner gpu-test serves one run only \(--once\)"):
             await core.start("cluster-a", "U1")
         store.close()

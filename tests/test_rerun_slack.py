@@ -36,7 +36,7 @@ async def _start(served: Any, config: BotConfig) -> str:
     """`/k3repro start cluster-a`, followed to its end; the run's id."""
     await post(served, body := command_body("start cluster-a"), signed(body))
     await settle(served)
-    return str(Store(config.store).runs()[0]["id"])
+    return Store(config.store).runs()[0].id
 
 
 async def test_the_rerun_button_posts_the_verdict_and_the_differences_in_the_original_thread(
@@ -52,7 +52,7 @@ async def test_the_rerun_button_posts_the_verdict_and_the_differences_in_the_ori
             await settle(served)
     store = Store(tmp_path / "k3.db")
     reruns = store.reruns_of(original)
-    assert [r["verdict"] for r in reruns] == ["not_reproduced", "not_reproduced"]
+    assert [r.verdict for r in reruns] == ["not_reproduced", "not_reproduced"]
     parent = parent_of(api)
     assert parent is not None
     thread = [json.dumps(m["blocks"], ensure_ascii=False) for m in api.thread(parent["ts"])]
@@ -60,10 +60,10 @@ async def test_the_rerun_button_posts_the_verdict_and_the_differences_in_the_ori
     verdicts = [t for t in thread if "not_reproduced" in t]
     assert len(starts) == 2 and len(verdicts) == 2
     assert "foreign GPU memory" in verdicts[0] and "suspect the environment" in verdicts[0]
-    assert reruns[0]["run_id"] in verdicts[0] and reruns[1]["run_id"] in verdicts[1]
+    assert reruns[0].run_id in verdicts[0] and reruns[1].run_id in verdicts[1]
     answers = [c.body["text"] for c in api.called("chat.postEphemeral")]
     assert sum(f"its verdict goes to the thread of `{original}`" in a for a in answers) == 2
-    actions = [(e["actor"], e["action"]) for e in reversed(store.audit_entries())]
+    actions = [(e.actor, e.action) for e in reversed(store.audit_entries())]
     assert actions == [("U-OPS", "start"), ("U-OPS", "rerun"), ("U-OPS", "rerun")]
 
 
@@ -79,7 +79,7 @@ async def test_a_rerun_a_stopped_bot_left_running_gets_its_verdict_in_the_thread
         async with serving(config, port=0) as served:  # the next start resumes it
             await settle(served)
     rerun = Store(tmp_path / "k3.db").get_rerun(placed.run_id)
-    assert rerun["verdict"] == "not_reproduced"
+    assert rerun.verdict == "not_reproduced"
     parent = parent_of(api)
     assert parent is not None
     thread = [json.dumps(m["blocks"], ensure_ascii=False) for m in api.thread(parent["ts"])]

@@ -10,6 +10,7 @@ import json
 import tarfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from hashlib import sha256
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 
 from bot.bundle import MANIFEST, BundleError, export_bundle, import_bundle, parse_bundle, read_bundle
 from bot.cli import main
-from bot.store import Store
+from bot.store import FINAL, Store
 from tests.test_bundle import _store
 
 RUN = "20261130-090000-abcd"
@@ -246,8 +247,8 @@ def test_events_carry_no_run_id_of_their_own_into_another_run(tmp_path: Path, ta
     data = _events(lambda es: [*es, injected])(manifest, members)
     victim_before = target.events("victim")
     row = import_bundle(target, parse_bundle(data))
-    assert row["id"] == RUN and target.events("victim") == victim_before
-    assert target.get_run("victim")["summary"] == "the victim's own summary"
+    assert row.id == RUN and target.events("victim") == victim_before
+    assert target.get_run("victim").summary == "the victim's own summary"
     assert {e.run_id for e in target.events(RUN)} == {RUN}
 
 
@@ -255,9 +256,9 @@ def test_rerun_of_and_other_columns_of_run_json_are_not_taken(tmp_path: Path, ta
     manifest, members = _members(tmp_path)
     extra = {"rerun_of": "victim", "runner": "10.0.0.66:50051", "requested_by": "admin", "thread_ts": "1.2"}
     row = import_bundle(target, parse_bundle(_edit("run.json", lambda r: {**r, **extra})(manifest, members)))
-    stored = target.get_run(row["id"])
-    assert stored["rerun_of"] is None and stored["runner"].startswith("bundle:") and stored["thread_ts"] is None
-    assert stored["status"] in ("completed", "cancelled", "error", "lost") and target.active_run("cluster-a") is None
+    stored = target.get_run(row.id)
+    assert stored.rerun_of is None and stored.runner.startswith("bundle:") and stored.thread_ts is None
+    assert stored.status in FINAL and target.active_run("cluster-a") is None
 
 
 def test_a_colliding_id_gets_a_fresh_one_and_the_same_bundle_twice_is_refused(tmp_path: Path, target: Store) -> None:
@@ -265,10 +266,10 @@ def test_a_colliding_id_gets_a_fresh_one_and_the_same_bundle_twice_is_refused(tm
     renamed = {**manifest, "run_id": "victim"}
     data = _edit("run.json", lambda r: {**r, "id": "victim"})(renamed, members)
     row = import_bundle(target, parse_bundle(data))
-    assert row["id"] != "victim" and len(target.events(row["id"])) == len(target.events("victim"))
-    assert target.get_run("victim")["summary"] == "the victim's own summary"
+    assert row.id != "victim" and len(target.events(row.id)) == len(target.events("victim"))
+    assert target.get_run("victim").summary == "the victim's own summary"
     before = _state(target)
-    with pytest.raises(BundleError, match=f"already in this store as run {row['id']}; nothing was imported"):
+    with pytest.raises(BundleError, match=f"already in this store as run {row.id}; nothing was imported"):
         import_bundle(target, parse_bundle(data))
     assert _state(target) == before
 
@@ -281,10 +282,10 @@ def test_terminal_escapes_in_texts_are_stripped_on_import(tmp_path: Path, target
         json.loads(json.dumps(manifest)), _unpacked(data)
     )
     row = import_bundle(target, parse_bundle(data))
-    stored = target.get_run(row["id"])
-    text = json.dumps(stored) + "".join(str(e) for e in target.events(row["id"]))
+    stored = target.get_run(row.id)
+    text = json.dumps(asdict(stored)) + "".join(str(e) for e in target.events(row.id))
     assert "\x1b" not in text and "\\x1b" not in text and "\x07" not in text
-    assert stored["summary"] == "ok"
+    assert stored.summary == "ok"
 
 
 def _unpacked(data: bytes) -> Members:

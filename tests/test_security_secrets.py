@@ -155,11 +155,11 @@ async def test_no_planted_secret_reaches_store_journal_bundle_slack_or_terminal(
             assert status == 200
             await settle(served)
     runs = Store(tmp_path / "k3.db").runs()
-    assert len(runs) == 2 and all(r["status"] == "completed" for r in runs)
+    assert len(runs) == 2 and all(r.status == "completed" for r in runs)
     bundles = b""
     for run in runs:
-        bundles += _bundle_members(export_bundle(Store(tmp_path / "k3.db"), run["id"]).to_bytes())
-        for args in (["show", run["id"]], ["show", run["id"], "--logs"], ["show", run["id"], "--json"], ["runs"]):
+        bundles += _bundle_members(export_bundle(Store(tmp_path / "k3.db"), run.id).to_bytes())
+        for args in (["show", run.id], ["show", run.id, "--logs"], ["show", run.id, "--json"], ["runs"]):
             (tmp_path / "k3.toml").write_text(f'store = "{tmp_path / "k3.db"}"\n[clusters]\n')
             assert main(["--config", str(tmp_path / "k3.toml"), *args]) == 0
     printed = capsys.readouterr()

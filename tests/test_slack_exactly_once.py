@@ -38,17 +38,12 @@ async def outbox_on(tmp_path: Path, api: SlackApi, **pacing: float) -> AsyncIter
     client = AsyncWebClient(token=BOT_TOKEN, base_url=api.url, retry_handlers=[], timeout=5)
     settings = SlackConfig(BOT_TOKEN, SIGNING_SECRET, **pacing)
     outbox = Outbox(store, client, settings, Metrics())
-    await store.call(_thread, "R1", "C1")
+    await store.call(Store.create_thread, "R1", "C1", "")
     try:
         yield outbox
     finally:
         await outbox.close()
         store.close()
-
-
-def _thread(store: Store, run_id: str, channel: str) -> None:
-    with store.db.conn:
-        store.db.table("slack_threads").insert({"run_id": run_id, "channel": channel})
 
 
 def card(text: str = "card") -> Write:
@@ -68,8 +63,8 @@ def test_each_message_has_its_own_slot_and_the_one_sent_longest_ago_goes_next(tm
         row = _pending(store, "update")[0]
         time.sleep(0.002)  # sent_at has milliseconds; the outbox's own pacing keeps sends further apart
         _finish(store, row, "sent", "")
-        _put(store, Write(row["key"], "chat.update", {"channel": "C1", "text": "newer"}, "R1"))  # a newer state
-        return str(row["key"])
+        _put(store, Write(row.key, "chat.update", {"channel": "C1", "text": "newer"}, "R1"))  # a newer state
+        return row.key
 
     order = [next_up() for _ in range(6)]
     store.close()
@@ -105,10 +100,10 @@ async def test_a_post_that_landed_unanswered_is_found_not_posted_again(tmp_path:
         )
         await outbox.put(reply("R1:b", "b"))
         await outbox.idle()
-        thread = await outbox.store.call(lambda s: dict(next(iter(s.db.table("slack_threads").rows))))
+        thread = await outbox.store.call(Store.thread, "R1")
     assert [m["text"] for m in api.posted()] == ["card", "a", "b"]
     assert [m["metadata"]["event_payload"][KEY_FIELD] for m in api.posted()] == ["R1:card", "R1:a", "R1:b"]
-    assert thread["parent_ts"] == api.posted()[0]["ts"]
+    assert thread is not None and thread.parent_ts == api.posted()[0]["ts"]
     assert [f["title"] for f in api.files] == ["f"] and api.called("files.info")
     assert len(api.called("conversations.history")) == 1 and len(api.called("conversations.replies")) == 1
 
@@ -158,7 +153,7 @@ async def test_every_method_limited_slow_and_dying_the_thread_is_complete_once(
         run = Store(tmp_path / "k3.db").runs()[0]
     assert_thread_complete(api)
     parent = parent_of(api)
-    assert parent is not None and (run["channel"], run["thread_ts"]) == ("C-OPS", parent["ts"])
+    assert parent is not None and (run.channel, run.thread_ts) == ("C-OPS", parent["ts"])
     assert api.called("chat.update", 429) and api.called("conversations.replies", 429) is not None
 
 

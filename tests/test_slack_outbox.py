@@ -11,7 +11,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.config import SlackConfig
 from bot.slack.metrics import Metrics
-from bot.slack.outbox import Outbox, Write, _put, _write
+from bot.slack.outbox import Outbox, Write, _pending, _put, _write
 from bot.store import AsyncStore, Store
 from bot.web import serving
 from runner.tls import DevCerts
@@ -88,11 +88,11 @@ async def test_a_bot_restarted_mid_run_continues_the_same_thread(
         run = stopped.runs()[0]
         pending = stopped.db.execute("SELECT COUNT(*) FROM slack_outbox WHERE state = 'pending'").fetchone()[0]
         stopped.close()
-        assert run["status"] == "running" and pending > 0, "the test must stop the bot mid-run with writes pending"
+        assert run.status == "running" and pending > 0, "the test must stop the bot mid-run with writes pending"
         async with serving(config, port=0) as served:
             await settle(served)
     assert_thread_complete(api)
-    assert parent_of(api) is parent and Store(tmp_path / "k3.db").get_run(run["id"])["status"] == "completed"
+    assert parent_of(api) is parent and Store(tmp_path / "k3.db").get_run(run.id).status == "completed"
 
 
 async def test_posts_are_paced_per_channel_and_updates_coalesce_to_the_latest_state(
@@ -102,7 +102,7 @@ async def test_posts_are_paced_per_channel_and_updates_coalesce_to_the_latest_st
     client = AsyncWebClient(token=BOT_TOKEN, base_url=api.url, retry_handlers=[])
     settings = SlackConfig(BOT_TOKEN, SIGNING_SECRET, post_interval_s=0.1, update_interval_s=0.3)
     outbox = Outbox(store, client, settings, Metrics())
-    await store.call(_thread, "R1", "C1")
+    await store.call(Store.create_thread, "R1", "C1", "")
     await outbox.put(Write("R1:card", "chat.postMessage", {"channel": "C1", "text": "card"}, "R1", creates="parent_ts"))
     for n in range(30):
         args: dict[str, Any] = {"channel": "C1", "text": f"state {n}"}
@@ -133,7 +133,7 @@ async def test_a_write_slack_refuses_for_good_is_dropped_and_the_rest_goes_on(tm
     store = AsyncStore(tmp_path / "k3.db")
     client = AsyncWebClient(token="xoxp-not-a-bot-token", base_url=api.url, retry_handlers=[])
     outbox = Outbox(store, client, SlackConfig(BOT_TOKEN, SIGNING_SECRET, post_interval_s=0), Metrics())
-    await store.call(_thread, "R1", "C1")
+    await store.call(Store.create_thread, "R1", "C1", "")
     await outbox.put(Write("R1:card", "chat.postMessage", {"channel": "C1", "text": "x"}, "R1", creates="parent_ts"))
     await outbox.put(Write("R1:reply", "chat.postMessage", {"channel": "C1", "text": "y"}, "R1", thread=True))
     await outbox.idle()
@@ -147,20 +147,11 @@ async def test_a_write_slack_refuses_for_good_is_dropped_and_the_rest_goes_on(tm
     assert len(api.called("chat.postMessage")) == 1
 
 
-def _thread(store: Store, run_id: str, channel: str) -> None:
-    with store.db.conn:
-        store.db.table("slack_threads").insert({"run_id": run_id, "channel": channel})
-
-
 def test_the_outbox_row_keeps_what_it_needs_to_resend_after_a_restart(tmp_path: Path) -> None:
     write = Write(
         "k", "files.upload", {"channel": "C1", "filename": "f.log"}, "R1", thread=True, extra={"content": "x"}
     )
     store = Store(tmp_path / "k3.db")
     _put(store, write)
-    row = next(iter(store.db.table("slack_outbox").rows))
-    assert (
-        _write(row) == write
-        and row["lane"] == "post:C1"
-        and json.loads(row["payload_json"])["extra"] == {"content": "x"}
-    )
+    (row,) = _pending(store, "post:C1")
+    assert _write(row) == write and row.lane == "post:C1" and json.loads(row.payload_json)["extra"] == {"content": "x"}

@@ -39,7 +39,7 @@ async def test_socket_mode_envelopes_start_a_run_once_and_buttons_answer(
             await api.send_envelope("slash_commands", command, "env-2", retry_attempt=1, retry_reason="timeout")
             await api.wait_for(lambda: "env-2" in api.envelopes_acked, what="the retry's ack")
             await settle(served)
-            run_id = Store(tmp_path / "k3.db").runs()[0]["id"]
+            run_id = Store(tmp_path / "k3.db").runs()[0].id
             await api.send_envelope("interactive", action_payload(ACTION_RERUN, run_id, user="U-OPS"), "env-3")
             await api.wait_for(lambda: "env-3" in api.envelopes_acked, what="the button's ack")
             await settle(served)

@@ -57,7 +57,7 @@ async def test_a_slash_command_starts_a_run_whose_thread_tells_the_story(
         run = Store(tmp_path / "k3.db").runs()[0]
 
     parent = parent_of(api)
-    assert parent is not None and parent["metadata"]["event_payload"]["run_id"] == run["id"]
+    assert parent is not None and parent["metadata"]["event_payload"]["run_id"] == run.id
     replies = api.thread(parent["ts"])
     checklist, *stages, verdict = replies
     # the checklist: posted once, then chat.update in the same twelve-block layout, ending in the final state
@@ -94,7 +94,7 @@ async def test_a_slash_command_starts_a_run_whose_thread_tells_the_story(
     assert picture["data"].startswith(PNG_SIGNATURE)
     assert imread(io.BytesIO(picture["data"]), format="png").shape[1] > 1000
     (asked,) = [c for c in api.called("files.getUploadURLExternal") if c.body["filename"].endswith(".png")]
-    assert asked.body["filename"] == f"timeline-{run['id']}.png" and int(asked.body["length"]) == len(picture["data"])
+    assert asked.body["filename"] == f"timeline-{run.id}.png" and int(asked.body["length"]) == len(picture["data"])
     assert asked.at > verdict_at
     (uploaded,) = [c for c in api.called("upload") if c.body["file_id"] == picture["id"]]
     assert uploaded.body["size"] == len(picture["data"])
@@ -104,7 +104,7 @@ async def test_a_slash_command_starts_a_run_whose_thread_tells_the_story(
         assert len(message["blocks"]) <= MAX_BLOCKS and len(json.dumps(message["blocks"])) <= MAX_MESSAGE
         assert all(len(b.get("text", {}).get("text", "")) <= MAX_SECTION for b in message["blocks"])
     audit = Store(tmp_path / "k3.db").audit_entries()
-    assert [(a["actor"], a["action"], a["via"], a["place"]) for a in audit] == [("U-OPS", "start", "slack", "C-OPS")]
+    assert [(a.actor, a.action, a.via, a.place) for a in audit] == [("U-OPS", "start", "slack", "C-OPS")]
 
 
 @contextlib.asynccontextmanager
@@ -169,8 +169,8 @@ async def test_a_user_outside_the_operators_and_their_groups_is_refused_after_th
     assert "noted for cluster-a" in api.called("chat.postEphemeral")[-1].body["text"]
     assert [c.body["usergroup"] for c in api.called("usergroups.users.list")] == ["S-SRE"]  # cached after that
     store = Store(tmp_path / "k3.db")
-    assert [c["what"] for c in store.changes("cluster-a")] == ["driver 580.82 -> 580.95 on gpu-a1"]
-    assert [(a["actor"], a["action"], a["place"]) for a in store.audit_entries()] == [("U-SRE", "note", "C-OPS")]
+    assert [c.what for c in store.changes("cluster-a")] == ["driver 580.82 -> 580.95 on gpu-a1"]
+    assert [(a.actor, a.action, a.place) for a in store.audit_entries()] == [("U-SRE", "note", "C-OPS")]
 
 
 @pytest.mark.parametrize(
@@ -237,12 +237,12 @@ async def test_a_second_start_points_to_the_active_thread_and_the_cancel_button_
         assert status == 200
         await settle(served)
     run = Store(tmp_path / "k3.db").get_run(run_id)
-    assert run["status"] == "cancelled"
+    assert run.status == "cancelled"
     assert "cancel" in api.called("chat.postEphemeral")[-1].body["text"]
     assert "cancelled" in parent["text"] and ACTION_CANCEL not in block_text(parent)
     assert any("Run cancelled" in block_text(m) for m in api.thread(parent["ts"]) if m.get("reply_broadcast"))
     assert any("cancelled by <@U-OPS>" in block_text(m) for m in api.thread(parent["ts"]))
-    actions = [(a["actor"], a["action"], a["place"]) for a in reversed(Store(tmp_path / "k3.db").audit_entries())]
+    actions = [(a.actor, a.action, a.place) for a in reversed(Store(tmp_path / "k3.db").audit_entries())]
     assert actions == [("U-OPS", "start", "C-OPS"), ("U-OPS", "cancel", "C-OPS")]
 
 
@@ -253,7 +253,7 @@ async def test_rerun_on_an_isolated_node_says_no_provider_is_configured_and_chan
         body = command_body("start cluster-a")
         await post(served, body, signed(body))
         await settle(served)
-        run_id = Store(tmp_path / "k3.db").runs()[0]["id"]
+        run_id = Store(tmp_path / "k3.db").runs()[0].id
         before = len(api.calls)
         click = action_body(action_payload(ACTION_RERUN, run_id, trigger="t-rerun"))
         await post(served, click, signed(click))
@@ -271,7 +271,7 @@ async def test_read_only_commands_answer_ephemerally(certs: DevCerts, tmp_path: 
         body = command_body("start cluster-a")
         await post(served, body, signed(body))
         await settle(served)
-        run_id = Store(tmp_path / "k3.db").runs()[0]["id"]
+        run_id = Store(tmp_path / "k3.db").runs()[0].id
         answers: dict[str, str] = {}
         texts = (
             "help",
@@ -332,7 +332,7 @@ async def test_a_start_the_runner_refuses_posts_only_the_refusal(
         await post(served, body, signed(body))
         await settle(served)
     store = Store(tmp_path / "k3.db")
-    assert not store.runs() and [a["action"] for a in store.audit_entries()] == ["start refused"]
+    assert not store.runs() and [a.action for a in store.audit_entries()] == ["start refused"]
     assert parent_of(api) is None and api.called("chat.postMessage") == []
     (refusal,) = [c.body["text"] for c in api.called("chat.postEphemeral")]
     assert "refused the run" in refusal and words in refusal

@@ -102,7 +102,7 @@ async def test_a_rerun_runs_in_an_exclusive_batch_job_that_is_gone_afterwards(
     job = outcome.placement.handle
     assert seen == [f"{job} RUNNING"]  # while the rerun ran, its job was the one running job
     assert outcome.placement.where == f"slurm job {job} on node localhost"
-    assert outcome.placement.address.startswith("localhost:") and row["runner"] == outcome.placement.address
+    assert outcome.placement.address.startswith("localhost:") and row.runner == outcome.placement.address
     assert outcome.comparison["verdict"] == "not_reproduced"
     assert any("foreign GPU memory" in d["path"] for d in outcome.comparison["differences"])
     assert slurm.jobs() == []  # the job ended with its run
@@ -144,7 +144,7 @@ async def test_an_interrupted_rerun_scancels_its_job(slurm: Slurm, certs: DevCer
             await task
         rows = await core.store.call(Store.runs, 10)
     assert slurm.jobs() == []
-    assert {row["status"] for row in rows if row["rerun_of"]} == {"cancelled"}
+    assert {row.status for row in rows if row.rerun_of} == {"cancelled"}
 
 
 async def test_a_rerun_left_by_a_bot_that_died_is_released_and_judged_by_the_next_one(
@@ -157,7 +157,7 @@ async def test_a_rerun_left_by_a_bot_that_died_is_released_and_judged_by_the_nex
         rerun = await core.store.call(Store.get_rerun, placed.run_id)
         run = await core.store.call(Store.get_run, placed.run_id)
     assert slurm.jobs() == []
-    assert (run["status"], rerun["verdict"], rerun["handle"]) == (
+    assert (run.status, rerun.verdict, rerun.handle) == (
         "completed",
         "not_reproduced",
         placed.placement.handle,

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.store import MIGRATIONS, ActiveRunExists, RunNotFound, Store
+import bot.store as store_module
+from bot.store import ACTIVE, MIGRATIONS, ActiveRunExists, RunNotFound, Store
 from protos import runner_pb2 as pb
 
 
@@ -15,16 +16,33 @@ def _event(run_id: str, seq: int) -> pb.RunEvent:
 
 def test_migrations_apply_once_and_survive_reopening(tmp_path: Path) -> None:
     path = tmp_path / "k3.db"
-    Store(path).create_run({"id": "r1", "cluster": "a", "status": "running"})
+    Store(path).create_run("r1", "a")
     again = Store(path)
     applied = [row["id"] for row in again.db.table("_migrations").rows]
     assert applied == list(range(1, len(MIGRATIONS) + 1))
-    assert again.get_run("r1")["status"] == "running"
+    assert again.get_run("r1").status == "running"
+
+
+def test_a_store_from_before_migration_6_keeps_its_runs_and_one_running_run_per_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Migration 6 rebuilds the one-active-run index on 'running' alone (1 and 4 also named 'queued')."""
+    path = tmp_path / "k3.db"
+    with monkeypatch.context() as old:
+        old.setattr(store_module, "MIGRATIONS", MIGRATIONS[:5])
+        Store(path).create_run("r1", "a")
+    store = Store(path)
+    assert store.get_run("r1").status == "running"
+    with pytest.raises(ActiveRunExists):
+        store.create_run("r2", "a")
+    store.db.execute("UPDATE runs SET status = 'queued' WHERE id = 'r1'")  # a status no code writes
+    store.create_run("r3", "a")
+    assert [run.id for run in store.active_runs()] == ["r3"]
 
 
 def test_an_event_is_stored_once_per_run_and_seq(tmp_path: Path) -> None:
     store = Store(tmp_path / "k3.db")
-    store.create_run({"id": "r1", "cluster": "a", "status": "running"})
+    store.create_run("r1", "a")
     assert store.add_event(_event("r1", 1)) is True
     assert store.add_event(_event("r1", 1)) is False
     assert store.add_event(_event("r1", 2)) is True
@@ -36,22 +54,22 @@ def test_an_event_is_stored_once_per_run_and_seq(tmp_path: Path) -> None:
 
 def test_one_active_run_per_cluster(tmp_path: Path) -> None:
     store = Store(tmp_path / "k3.db")
-    store.create_run({"id": "r1", "cluster": "a", "status": "running"})
+    store.create_run("r1", "a")
     with pytest.raises(ActiveRunExists) as caught:
-        store.create_run({"id": "r2", "cluster": "a", "status": "queued"})
+        store.create_run("r2", "a")
     assert caught.value.run_id == "r1"
-    store.create_run({"id": "r3", "cluster": "b", "status": "running"})
+    store.create_run("r3", "b")
     store.update_run("r1", status="completed")
-    store.create_run({"id": "r4", "cluster": "a", "status": "running"})
-    assert {r["id"] for r in store.runs(status=("running",))} == {"r3", "r4"}
+    store.create_run("r4", "a")
+    assert {r.id for r in store.runs(status=ACTIVE)} == {"r3", "r4"}
 
 
 def test_runs_are_found_by_unique_prefix(tmp_path: Path) -> None:
     store = Store(tmp_path / "k3.db")
-    store.create_run({"id": "20261130-0900-aa", "cluster": "a", "status": "completed"})
-    store.create_run({"id": "20261130-0900-ab", "cluster": "b", "status": "completed"})
-    assert store.get_run("20261130-0900-aa")["cluster"] == "a"
-    assert store.get_run("20261130-0900-ab")["cluster"] == "b"
+    store.create_run("20261130-0900-aa", "a")
+    store.create_run("20261130-0900-ab", "b")
+    assert store.get_run("20261130-0900-aa").cluster == "a"
+    assert store.get_run("20261130-0900-ab").cluster == "b"
     with pytest.raises(RunNotFound, match="ambiguous"):
         store.get_run("20261130-0900-a")
     with pytest.raises(RunNotFound, match="no run"):

@@ -48,16 +48,15 @@ def run_import(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     store = Store(load_config(args.config).store)
     try:
-        row = import_bundle(store, bundle)
+        run = import_bundle(store, bundle)
     except BundleError as exc:
         raise CommandError(str(exc)) from None
     finally:
         store.close()
-    renamed = "" if row["id"] == bundle.run["id"] else f" (its id {bundle.run['id']} is taken here)"
+    renamed = "" if run.id == bundle.run["id"] else f" (its id {bundle.run['id']} is taken here)"
     print(
         terminal(
-            f"imported run {row['id']}{renamed} ({row['cluster']}, {row['status']}) from {args.file}: "
-            "every member verified"
+            f"imported run {run.id}{renamed} ({run.cluster}, {run.status}) from {args.file}: every member verified"
         )
     )
     return 0

@@ -19,8 +19,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> int:
     async def note() -> str:
         async with coordinator(load_config(args.config)) as core:
-            row = await core.note(args.cluster, args.what, operator())
-        return f"noted for {row['cluster']} at {row['at']}: {row['what']}"
+            change = await core.note(args.cluster, args.what, operator())
+        return f"noted for {change.cluster} at {change.at}: {change.what}"
 
     try:
         print(asyncio.run(note()))

@@ -6,8 +6,8 @@ import argparse
 import asyncio
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from google.protobuf import json_format
 
@@ -18,7 +18,7 @@ from bot.record import RunRecord
 from bot.refusal import Refused
 from bot.render import TextRenderer, run_header, terminal
 from bot.report import run_report
-from bot.store import ACTIVE, RunNotFound, Store, redacted
+from bot.store import ACTIVE, Run, RunNotFound, Store, redacted
 from bot.timeline import write_timeline
 from runner.redact import redactor
 from runner.toml_reader import ConfigError
@@ -45,21 +45,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def list_runs(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     rows = Store(config.store).runs(limit=args.limit)
-    if any(run["status"] in ACTIVE for run in rows):
+    if any(run.status in ACTIVE for run in rows):
         rows = asyncio.run(_settled(config, rows))
     if not rows:
         print("no runs yet")
     for run in rows:
-        print(
-            terminal(
-                f"{run['id']}  {run['cluster']:<14} {run['status']:<10} {run['decision'] or '-':<9} "
-                f"{run['summary'] or ''}"
-            )
-        )
+        print(terminal(f"{run.id}  {run.cluster:<14} {run.status:<10} {run.decision or '-':<9} {run.summary or ''}"))
     return 0
 
 
-async def _settled(config: BotConfig, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+async def _settled(config: BotConfig, rows: list[Run]) -> list[Run]:
     """The rows with each active run as its runner knows it (one whose follower died may have ended); without
     usable TLS files the runners cannot be asked, and the list is the store's."""
     try:
@@ -75,17 +70,20 @@ def show_run(args: argparse.Namespace) -> int:
         run = store.get_run(args.run)
     except RunNotFound as exc:
         raise CommandError(str(exc)) from None
-    events = [redactor().message(event) for event in store.events(run["id"])]
+    events = [redactor().message(event) for event in store.events(run.id)]
     if args.timeline is not None:
         try:
             print(write_timeline(run, events, args.timeline), file=sys.stderr)
         except OSError as exc:
             raise CommandError(f"cannot write the timeline {args.timeline}: {exc.strerror or exc}") from None
     if args.json:  # json.dumps escapes control characters: the output is safe for a terminal as it is
-        shown = {**redacted(run), "request_json": json.dumps(public_request(run, RunRecord.replay(run["id"], events)))}
+        shown = {
+            **redacted(asdict(run)),
+            "request_json": json.dumps(public_request(run, RunRecord.replay(run.id, events))),
+        }
         payload = {
             "run": shown,
-            "report": run_report(run["id"], events),  # the `demo --json` contract, for every run
+            "report": run_report(run.id, events),  # the `demo --json` contract, for every run
             "events": [json_format.MessageToDict(event) for event in events],
         }
         print(json.dumps(payload, indent=2))

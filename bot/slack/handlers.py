@@ -22,8 +22,8 @@ from bot.slack.commands import Command, CommandError, help_text, parse
 from bot.slack.metrics import Metrics
 from bot.slack.outbox import Outbox, Write
 from bot.slack.tasks import TaskSet
-from bot.slack.threads import Threads, thread_of
-from bot.store import ACTIVE, RunNotFound, Store, now
+from bot.slack.threads import Threads
+from bot.store import Run, RunNotFound, Store, now
 from runner.baseline import load_baseline
 from runner.toml_reader import ConfigError
 
@@ -150,7 +150,7 @@ class Handlers:
             active = await self.store.call(Store.active_run, cluster)
             if active is None:
                 raise
-            return f"⛔ {cluster} already has an active run, `{active['id']}`: {await self._link(active['id'])}"
+            return f"⛔ {cluster} already has an active run, `{active.id}`: {await self._link(active.id)}"
         await self.threads.open(started, request.channel, request.team_domain)
         return ""
 
@@ -159,7 +159,7 @@ class Handlers:
             found = await self.store.call(Store.get_run, run)
             rows = [found]
         else:
-            rows = await self.store.call(Store.runs, 20, ACTIVE)
+            rows = await self.store.call(Store.active_runs)
             if not rows:
                 return "no run is active; `/k3repro runs` lists the latest"
         # a run whose follower died (a terminal's start killed mid-run) is read from its runner, not left active
@@ -172,24 +172,22 @@ class Handlers:
 
     async def _do_cancel(self, request: Request, run: str) -> str:
         found = await self.store.call(Store.get_run, run)
-        await self._operator(request, found["cluster"])
-        return await self.core.cancel(
-            found["id"], request.user, "slack", place=request.channel, by=f"<@{request.user}>"
-        )
+        await self._operator(request, found.cluster)
+        return await self.core.cancel(found.id, request.user, "slack", place=request.channel, by=f"<@{request.user}>")
 
     async def _do_rerun(self, request: Request, run: str, where: str) -> str:
         found = await self.store.call(Store.get_run, run)
-        await self._operator(request, found["cluster"])
-        return await self.threads.rerun(found["id"], request.user, request.channel)
+        await self._operator(request, found.cluster)
+        return await self.threads.rerun(found.id, request.user, request.channel)
 
     async def _do_minimize(self, request: Request, run: str) -> str:
         """A run of its own, with its own card and thread; the original's thread is told where it went."""
         found = await self.store.call(Store.get_run, run)
-        await self._operator(request, found["cluster"])
-        started = await start_minimize(self.core, found["id"], request.user, via="slack", place=request.channel)
+        await self._operator(request, found.cluster)
+        started = await start_minimize(self.core, found.id, request.user, via="slack", place=request.channel)
         await self.threads.open(started, request.channel, request.team_domain)
         text = f"🔬 minimize run `{started.run_id}` started by <@{request.user}>: its own thread has the search"
-        await self.threads.note_in_thread(found["id"], request.channel, text, f"minimize:{started.run_id}")
+        await self.threads.note_in_thread(found.id, request.channel, text, f"minimize:{started.run_id}")
         return ""
 
     async def _do_runners(self, request: Request, cluster: str = "") -> str:
@@ -226,24 +224,20 @@ class Handlers:
 
     async def _do_note(self, request: Request, cluster: str, text: str) -> str:
         await self._operator(request, cluster)
-        row = await self.core.note(cluster, text, request.user, "slack", place=request.channel)
-        return f"noted for {row['cluster']} at {row['at']}: {row['what']}"
+        change = await self.core.note(cluster, text, request.user, "slack", place=request.channel)
+        return f"noted for {change.cluster} at {change.at}: {change.what}"
 
-    async def _run_line(self, run: dict[str, Any]) -> str:
-        decision = f" · {run['decision']}" if run.get("decision") else ""
-        return f"• `{run['id']}` {run['cluster']} · {run['status']}{decision} · {await self._link(run['id'])}"
+    async def _run_line(self, run: Run) -> str:
+        decision = f" · {run.decision}" if run.decision else ""
+        return f"• `{run.id}` {run.cluster} · {run.status}{decision} · {await self._link(run.id)}"
 
     async def _link(self, run_id: str) -> str:
-        thread = await self.store.call(thread_of, run_id)
+        thread = await self.store.call(Store.thread, run_id)
         if thread is None:
             return "started from the terminal"
-        if not thread["parent_ts"]:
-            return f"thread in <#{thread['channel']}> (being posted)"
-        ts = str(thread["parent_ts"]).replace(".", "")
-        domain = thread["team_domain"]
-        url = f"https://{domain}.slack.com/archives/{thread['channel']}/p{ts}" if domain else ""
-        return (
-            f"<{url}|thread in #{thread['channel']}>"
-            if url
-            else f"thread <#{thread['channel']}> ts {thread['parent_ts']}"
-        )
+        if not thread.parent_ts:
+            return f"thread in <#{thread.channel}> (being posted)"
+        ts = thread.parent_ts.replace(".", "")
+        domain = thread.team_domain
+        url = f"https://{domain}.slack.com/archives/{thread.channel}/p{ts}" if domain else ""
+        return f"<{url}|thread in #{thread.channel}>" if url else f"thread <#{thread.channel}> ts {thread.parent_ts}"

@@ -32,7 +32,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.config import SlackConfig
 from bot.slack.metrics import Metrics
 from bot.slack.tasks import TaskSet
-from bot.store import AsyncStore, Store, now
+from bot.store import THREAD_REFS, AsyncStore, OutboxRow, Posted, Store
 
 log = logging.getLogger("k3repro.slack.outbox")
 T = TypeVar("T")
@@ -55,10 +55,6 @@ NO_FALLBACK = {
     "is_archived",
     "missing_scope",
 }  # a text would be refused the same way
-SET_REF_SQL = {  # a run's messages that later writes refer to
-    "parent_ts": "UPDATE slack_threads SET parent_ts = ? WHERE run_id = ?",
-    "checklist_ts": "UPDATE slack_threads SET checklist_ts = ? WHERE run_id = ?",
-}
 
 
 @dataclass(frozen=True)
@@ -113,7 +109,7 @@ class Outbox:
 
     async def start(self) -> None:
         """Resumes the writes a previous process left pending."""
-        for lane in await self.store.call(_pending_lanes):
+        for lane in await self.store.call(Store.pending_lanes):
             self._kick(lane)
 
     async def put(self, write: Write) -> None:
@@ -156,10 +152,10 @@ class Outbox:
                         pass
         finally:
             del self._lanes[lane]
-            if not self._closing and bool(await self.store.call(pending_count, lane)):  # a write came meanwhile
+            if not self._closing and bool(await self.store.call(Store.pending_count, lane)):  # a write came meanwhile
                 self._kick(lane)
 
-    async def _send_next(self, lane: str, rows: list[dict[str, Any]]) -> float:
+    async def _send_next(self, lane: str, rows: list[OutboxRow]) -> float:
         """Sends the first write that is due; returns how long to wait before looking again (0: at once)."""
         pause = self._paused.get(lane, 0.0) - time.monotonic()
         if pause > 0:
@@ -167,7 +163,7 @@ class Outbox:
         ordered = lane.startswith("post:")
         waits: list[float] = []
         for row in rows if not ordered else rows[:1]:
-            due = row["not_before"] - time.time()
+            due = row.not_before - time.time()
             if due > 0:
                 waits.append(due)
                 continue
@@ -191,8 +187,9 @@ class Outbox:
             return 0
         return min(waits)
 
-    async def _send(self, row: dict[str, Any], write: Write, refs: dict[str, Any]) -> None:
-        await self.store.call(_attempt, row)  # before the call: after a crash, the row says it may have landed
+    async def _send(self, row: OutboxRow, write: Write, refs: dict[str, Any]) -> None:
+        # counted before the call, marked in flight: after a crash, the row says it may have landed
+        await self.store.call(Store.count_attempt, row.id, IN_FLIGHT)
         outcome = "sent"
         try:
             answer = await self._call(row, write, {**write.args, **refs})
@@ -218,14 +215,15 @@ class Outbox:
             self._wake_all()  # a write may wait for this one (a ref, `after`)
         self.metrics.inc("k3repro_slack_writes_total", method=write.method, outcome=outcome)
 
-    async def _retry(self, row: dict[str, Any], write: Write, delay: float, error: str, outcome: str) -> str:
-        if row["attempts"] + 1 >= MAX_ATTEMPTS:
+    async def _retry(self, row: OutboxRow, write: Write, delay: float, error: str, outcome: str) -> str:
+        if row.attempts + 1 >= MAX_ATTEMPTS:
             return await self._give_up(row, write, f"{error} after {MAX_ATTEMPTS} attempts")
-        await self.store.call(_retry, row, time.time() + delay, error)
+        await self.store.call(Store.delay_write, row.id, time.time() + delay, error)
         return outcome
 
-    async def _give_up(self, row: dict[str, Any], write: Write, error: str) -> str:
-        """The write's short text fallback takes its place (its order in the lane kept); else it is dropped."""
+    async def _give_up(self, row: OutboxRow, write: Write, error: str) -> str:
+        """The write's short text fallback takes its row (its key and order in the lane kept, attempts of its
+        own); else it is dropped."""
         fallback = _fallback(write, error)
         if fallback is None:
             log.error("Slack write %s (%s) given up: %s", write.method, write.key, error)
@@ -233,10 +231,10 @@ class Outbox:
             self._wake_all()
             return "failed"
         log.warning("Slack write %s (%s) replaced by a short text: %s", write.method, write.key, error)
-        await self.store.call(_replace, row, fallback, error)
+        await self.store.call(Store.replace_write, row.id, fallback.method, _payload(fallback), error)
         return "fallback"
 
-    async def _call(self, row: dict[str, Any], write: Write, args: dict[str, Any]) -> dict[str, Any]:
+    async def _call(self, row: OutboxRow, write: Write, args: dict[str, Any]) -> dict[str, Any]:
         if write.method == UPLOAD:
             return await self._upload(row, write, args)
         if write.method == "chat.postMessage":
@@ -248,7 +246,7 @@ class Outbox:
         answer = await self.client.api_call(write.method, json=args)
         return dict(answer.data) if isinstance(answer.data, dict) else {}
 
-    async def _find(self, row: dict[str, Any], write: Write, args: dict[str, Any]) -> dict[str, Any] | None:
+    async def _find(self, row: OutboxRow, write: Write, args: dict[str, Any]) -> dict[str, Any] | None:
         """The message an earlier attempt posted, by the key in its metadata; None when it is not in Slack."""
         channel = args["channel"]
         if args.get("thread_ts"):
@@ -256,7 +254,7 @@ class Outbox:
                 channel=channel, ts=args["thread_ts"], include_all_metadata=True, limit=1000
             )
         else:
-            oldest = datetime.fromisoformat(row["created_at"]).timestamp() - 60 if row["created_at"] else None
+            oldest = datetime.fromisoformat(row.created_at).timestamp() - 60 if row.created_at else None
             answer = await self.client.conversations_history(
                 channel=channel, include_all_metadata=True, limit=200, oldest=f"{oldest:.6f}" if oldest else None
             )
@@ -266,13 +264,13 @@ class Outbox:
                 return {"channel": channel, "ts": message["ts"]}
         return None
 
-    async def _upload(self, row: dict[str, Any], write: Write, args: dict[str, Any]) -> dict[str, Any]:
+    async def _upload(self, row: OutboxRow, write: Write, args: dict[str, Any]) -> dict[str, Any]:
         """The three steps, each kept in the row once done, so a retry repeats only the step that failed."""
         extra, content = dict(write.extra), file_bytes(write.extra)
         if not extra.get("file_id"):
             got = await self.client.files_getUploadURLExternal(filename=args["filename"], length=len(content))
             extra.update(file_id=got["file_id"], upload_url=got["upload_url"])
-            await self.store.call(_progress, row, extra)
+            await self.store.call(Store.keep_progress, row.id, extra)
         if not extra.get("uploaded"):
             timeout = aiohttp.ClientTimeout(total=self.timeout_s)
             async with (
@@ -282,7 +280,7 @@ class Outbox:
                 if response.status >= 400:
                     raise aiohttp.ClientResponseError(response.request_info, (), status=response.status)
             extra.update(uploaded=True)
-            await self.store.call(_progress, row, extra)
+            await self.store.call(Store.keep_progress, row.id, extra)
         if (
             extra.get("completing")
             and _may_have_landed(row)
@@ -291,7 +289,7 @@ class Outbox:
             log.info("Slack file %s was already shared; not completed again", write.key)
             return {"file_id": extra["file_id"]}
         extra.update(completing=True)
-        await self.store.call(_progress, row, extra)
+        await self.store.call(Store.keep_progress, row.id, extra)
         done = await self.client.files_completeUploadExternal(
             files=[{"id": extra["file_id"], "title": args["title"]}],
             channel_id=args["channel"],
@@ -351,18 +349,18 @@ def _retry_after(exc: BaseException | None) -> float:
     return float(exc.response.headers.get("Retry-After", exc.response.headers.get("retry-after", 1)))
 
 
-def _may_have_landed(row: dict[str, Any]) -> bool:
+def _may_have_landed(row: OutboxRow) -> bool:
     """An earlier call got no answer that says it did nothing: a crash mid-call, a time-out, a lost
     connection, a 5xx. A 429 says Slack did nothing."""
-    return bool(row["attempts"]) and row["error"] != RATELIMITED
+    return bool(row.attempts) and row.error != RATELIMITED
 
 
-def _backoff(row: dict[str, Any]) -> float:
-    return BACKOFF_S[min(row["attempts"], len(BACKOFF_S) - 1)]
+def _backoff(row: OutboxRow) -> float:
+    return BACKOFF_S[min(row.attempts, len(BACKOFF_S) - 1)]
 
 
-def _write(row: dict[str, Any]) -> Write:
-    return Write(**json.loads(row["payload_json"]))
+def _write(row: OutboxRow) -> Write:
+    return Write(**json.loads(row.payload_json))
 
 
 def _fallback(write: Write, error: str) -> Write | None:
@@ -387,122 +385,48 @@ def _fallback(write: Write, error: str) -> Write | None:
     return replace(write, method="chat.postMessage", args=args, extra={"fallback_of": write.method})
 
 
-# --- SQL, run on the store's thread ---
-
-
-PUT_SQL = (
-    "INSERT INTO slack_outbox (key, lane, run_id, method, payload_json, state, version, attempts, not_before,"
-    " created_at) VALUES (?, ?, ?, ?, ?, 'pending', 1, 0, 0, ?) ON CONFLICT(key) "
-)
-PUT_CONFLICT = {
-    True: "DO UPDATE SET payload_json = excluded.payload_json, state = 'pending', version = version + 1, attempts = 0",
-    False: "DO NOTHING",
-}
+# --- run on the store's thread ---
 
 
 def _put(store: Store, write: Write) -> None:
-    values = [write.key, write.lane, write.run_id, write.method, json.dumps(asdict(write)), now()]
-    with store.db.conn:
-        store.db.execute(PUT_SQL + PUT_CONFLICT[write.coalesces], values)
+    store.put_write(write.key, write.lane, write.run_id, write.method, _payload(write), coalesce=write.coalesces)
 
 
-def _pending_lanes(store: Store) -> list[str]:
-    return [row[0] for row in store.db.execute("SELECT DISTINCT lane FROM slack_outbox WHERE state = 'pending'")]
+def _payload(write: Write) -> str:
+    """A write as its row keeps it (`_write` reads it back)."""
+    return json.dumps(asdict(write))
 
 
-def _pending(store: Store, lane: str) -> list[dict[str, Any]]:
+def _pending(store: Store, lane: str) -> list[OutboxRow]:
     """In order for a post lane; for updates, the message whose state was sent longest ago (or never) first."""
-    order = "sent_at IS NOT NULL, sent_at, id" if lane == "update" else "id"
-    rows = store.db.table("slack_outbox").rows_where(
-        "state = 'pending' AND lane = ?", [lane], order_by=order, limit=100
-    )
-    return list(rows)
+    return store.pending_writes(lane, least_recently_sent=lane == "update")
 
 
 def _refs(store: Store, write: Write) -> dict[str, Any] | None:
     """The ts a write needs (its thread's parent, the message it updates); None while not posted yet, or while
     the write it comes `after` is still pending."""
-    if write.after:
-        waiting = store.db.execute(
-            "SELECT COUNT(*) FROM slack_outbox WHERE key = ? AND state = 'pending'", [write.after]
-        ).fetchone()[0]
-        if waiting:
-            return None
+    if write.after and store.is_pending(write.after):
+        return None
     needed = [("thread_ts", "parent_ts")] if write.thread else []
     needed += [("ts", write.target)] if write.target else []
     if not needed:
         return {}
-    rows = list(store.db.table("slack_threads").rows_where("run_id = ?", [write.run_id]))
-    if not rows:
+    thread = store.thread(write.run_id)
+    if thread is None:
         raise Permanent(f"run {write.run_id} has no Slack thread")
-    refs = {arg: rows[0][ref] for arg, ref in needed}
+    refs = {arg: thread.ts(ref) for arg, ref in needed}
     for ref in (ref for arg, ref in needed if not refs[arg]):
-        creators = store.db.execute(
-            "SELECT COUNT(*) FROM slack_outbox WHERE run_id = ? AND state != 'failed'"
-            " AND json_extract(payload_json, '$.creates') = ?",
-            [write.run_id, ref],
-        ).fetchone()[0]
-        if not creators:
+        if not store.will_create(write.run_id, ref):
             raise Permanent(f"the message of run {write.run_id} this write needs ({ref}) could not be posted")
         return None
     return refs
 
 
-def _attempt(store: Store, row: dict[str, Any]) -> None:
-    """Counted, and marked in flight until its answer says otherwise (a crash leaves the mark)."""
-    with store.db.conn:
-        store.db.execute(
-            "UPDATE slack_outbox SET attempts = attempts + 1, error = ? WHERE id = ?", [IN_FLIGHT, row["id"]]
-        )
-
-
-def _retry(store: Store, row: dict[str, Any], not_before: float, error: str) -> None:
-    with store.db.conn:
-        store.db.execute(
-            "UPDATE slack_outbox SET not_before = ?, error = ? WHERE id = ?", [not_before, error, row["id"]]
-        )
-
-
-def _progress(store: Store, row: dict[str, Any], extra: dict[str, Any]) -> None:
-    with store.db.conn:
-        store.db.execute(
-            "UPDATE slack_outbox SET payload_json = json_set(payload_json, '$.extra', json(?)) WHERE id = ?",
-            [json.dumps(extra), row["id"]],
-        )
-
-
-def _replace(store: Store, row: dict[str, Any], write: Write, error: str) -> None:
-    """The fallback in the same row (same key, same place in its lane), with its own attempts."""
-    with store.db.conn:
-        store.db.execute(
-            "UPDATE slack_outbox SET method = ?, payload_json = ?, attempts = 0, not_before = 0, error = ?"
-            " WHERE id = ?",
-            [write.method, json.dumps(asdict(write)), error, row["id"]],
-        )
-
-
 def _finish(
-    store: Store, row: dict[str, Any], state: str, error: str, write: Write | None = None, answer: Any = None
+    store: Store, row: OutboxRow, state: str, error: str, write: Write | None = None, answer: Any = None
 ) -> None:
-    """Completes the version that was sent; a newer coalesced version stays pending and goes out next.
-    A file's content is dropped once it is in Slack: the row's key is all that is still needed. The card's
-    place is also the run's (runs.channel, runs.thread_ts)."""
-    with store.db.conn:
-        store.db.execute(
-            "UPDATE slack_outbox SET state = ?, error = ?, sent_at = ?, not_before = 0,"
-            " payload_json = json_remove(payload_json, '$.extra.content') WHERE id = ? AND version = ?",
-            [state, error, now(), row["id"], row["version"]],
-        )
-        if write is not None and write.creates in SET_REF_SQL and answer:
-            store.db.execute(SET_REF_SQL[write.creates], [answer.get("ts"), write.run_id])
-            if write.creates == "parent_ts":
-                store.db.execute(
-                    "UPDATE runs SET channel = ?, thread_ts = ? WHERE id = ?",
-                    [write.args["channel"], answer.get("ts"), write.run_id],
-                )
-
-
-def pending_count(store: Store, lane: str = "") -> int:
-    """Writes not sent yet, in one lane or in all."""
-    sql = "SELECT COUNT(*) FROM slack_outbox WHERE state = 'pending' AND (? = '' OR lane = ?)"
-    return int(store.db.execute(sql, [lane, lane]).fetchone()[0])
+    """Completes the version that was sent; a message later writes refer to is kept in its run's thread."""
+    posted = None
+    if write is not None and write.creates in THREAD_REFS and answer:
+        posted = Posted(write.run_id, write.creates, write.args["channel"], answer.get("ts"))
+    store.finish_write(row.id, row.version, state, error, posted)

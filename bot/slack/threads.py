@@ -16,20 +16,19 @@ from bot import blocks, timeline
 from bot.blocks import Message
 from bot.consumer import EventCallback, RunLost, RunRefused
 from bot.coordinator import Coordinator, StartedRun
-from bot.isolation import IsolationError, Placement
+from bot.isolation import Placement
 from bot.record import Check, Finished, LadderStep, PhaseReached, RunRecord, StageResult, StageStarted, is_file
-from bot.rerun import RerunOutcome, finish_rerun, rerun_isolated, verdict_lines
+from bot.rerun import RerunOutcome, rerun_isolated, verdict_lines
+from bot.resume import Shown, resume_active
 from bot.slack.metrics import Metrics
 from bot.slack.outbox import UPLOAD, Outbox, Write, file_content
 from bot.slack.tasks import TaskSet
-from bot.store import ACTIVE, AsyncStore, Store, now
+from bot.store import AsyncStore, Run, Store
 from protos import runner_pb2 as pb
 from runner.redact import redactor
-from runner.toml_reader import ConfigError
 
 log = logging.getLogger("k3repro.slack.threads")
 
-Follow = Callable[[EventCallback], Awaitable[pb.RunFinished]]  # Coordinator.follow or .resume, bound to a run
 VERDICT_MARK = {"reproduced": "🎯", "not_reproduced": "🌱", "different_failure": "🔀"}
 REFRESH_ON = (StageStarted, PhaseReached, Check, StageResult, Finished, pb.Artifact)  # what the card or checklist show
 
@@ -48,28 +47,43 @@ class Threads:
 
     async def open(self, started: StartedRun, channel: str, team_domain: str) -> None:
         """Posts the run's card and checklist, then follows the run into its thread."""
-        await self.store.call(_create_thread, started.run_id, channel, team_domain)
+        await self.store.call(Store.create_thread, started.run_id, channel, team_domain)
         view = RunRecord.of(await self.store.call(Store.get_run, started.run_id))
         await self._begin(view, channel)
-        self._follow(view, channel, functools.partial(self.core.follow, started))
+
+        async def follow() -> None:
+            try:
+                await self.core.follow(started, self._shown_in(view, channel))
+            except (RunLost, RunRefused) as exc:
+                await self._lost(view, channel, exc)
+
+        self._tasks.spawn(follow(), name=f"follow {view.run_id}")
 
     async def resume_all(self) -> int:
-        """Follows every run the store holds as active; a run with a thread continues in it, and an isolated
-        rerun's verdict goes to its original's thread."""
-        runs = await self.store.call(Store.runs, 10_000, ACTIVE)
-        for run in runs:
-            if run["rerun_of"]:
-                self._resume_rerun(run)
-                continue
-            thread = await self.store.call(thread_of, run["id"])
-            view = RunRecord.of(run)
-            channel = thread["channel"] if thread else ""
-            if channel:
-                await self._begin(view, channel)
-                for event in await self.store.call(Store.events, run["id"]):
-                    await self._on_event(view, channel, event)
-            self._follow(view, channel, functools.partial(self.core.resume, run["id"]))
-        return len(runs)
+        """Follows every run the store holds as active (the one resume path, bot/resume.py); a run with a
+        thread continues in it, and an isolated rerun's verdict goes to its original's thread."""
+        follows = await resume_active(self.core, self._resumed)
+        for run_id, follow in follows.items():
+            self._tasks.spawn(follow, name=f"follow {run_id}")
+        return len(follows)
+
+    async def _resumed(self, run: Run) -> Shown:
+        """A resumed run's thread as it was: its card and checklist, its stored events replayed (their keys
+        make what is in Slack already a no-op); a rerun a stopped bot had started tells its original's thread."""
+        if run.rerun_of:
+            post = await self._poster(run.rerun_of, "")
+            return Shown(
+                verdict=functools.partial(_post_verdict, post),
+                failed=functools.partial(_no_verdict, post, run.rerun_of, run.id),
+            )
+        thread = await self.store.call(Store.thread, run.id)
+        view = RunRecord.of(run)
+        channel = thread.channel if thread else ""
+        if channel:
+            await self._begin(view, channel)
+            for event in await self.store.call(Store.events, run.id):
+                await self._on_event(view, channel, event)
+        return Shown(on_event=self._shown_in(view, channel), failed=functools.partial(self._lost, view, channel))
 
     async def _begin(self, view: RunRecord, channel: str) -> None:
         """The card and the checklist's first post; their keys make a second call (on resume) a no-op."""
@@ -122,24 +136,10 @@ class Threads:
         rerun_id = await placed
         return f"🧪 isolated rerun `{rerun_id}` started; its verdict goes to the thread of `{run_id}`"
 
-    def _resume_rerun(self, rerun: dict[str, Any]) -> None:
-        """A rerun a stopped bot had started: followed to its end, released, its verdict to the original's thread."""
-
-        async def work() -> None:
-            post = await self._poster(rerun["rerun_of"], "")
-            try:
-                outcome = await finish_rerun(self.core, rerun["id"], _ignore)
-            except (RunLost, RunRefused, IsolationError, ConfigError) as exc:
-                await _no_verdict(post, rerun["rerun_of"], rerun["id"], exc)
-                return
-            await _post_verdict(post, outcome)
-
-        self._tasks.spawn(work(), name=f"rerun {rerun['id']}")
-
     async def _poster(self, run_id: str, channel: str) -> Post:
         """Posts into run_id's thread (or, without one, to `channel`); keys make a repeated post a no-op."""
-        thread = await self.store.call(thread_of, run_id)
-        where = {"channel": thread["channel"] if thread else channel}
+        thread = await self.store.call(Store.thread, run_id)
+        where = {"channel": thread.channel if thread else channel}
 
         async def post(key: str, message: Message) -> None:
             if not where["channel"]:  # a run started from the terminal, resumed: no Slack place to tell
@@ -160,22 +160,21 @@ class Threads:
     async def close(self) -> None:
         await self._tasks.close()
 
-    def _follow(self, view: RunRecord, channel: str, follow: Follow) -> None:
+    def _shown_in(self, view: RunRecord, channel: str) -> EventCallback:
+        """A followed run's events into its thread; a run without one (started from the terminal): none."""
+
         async def on_event(event: pb.RunEvent) -> None:
             if channel:
                 await self._on_event(view, channel, event)
 
-        async def run() -> None:
-            try:
-                await follow(on_event)
-            except (RunLost, RunRefused) as exc:
-                status = (await self.store.call(Store.get_run, view.run_id))["status"]
-                view.lost(status, str(exc))
-                if channel:
-                    await self._post_message(view, channel, f"{view.run_id}:problem", blocks.problem(view))
-                    await self._refresh(view, channel)
+        return on_event
 
-        self._tasks.spawn(run(), name=f"follow {view.run_id}")
+    async def _lost(self, view: RunRecord, channel: str, exc: Exception) -> None:
+        """The bot stopped following (the runner refused the run, or contact was lost): the thread says so."""
+        view.lost((await self.store.call(Store.get_run, view.run_id)).status, str(exc))
+        if channel:
+            await self._post_message(view, channel, f"{view.run_id}:problem", blocks.problem(view))
+            await self._refresh(view, channel)
 
     async def _on_event(self, view: RunRecord, channel: str, event: pb.RunEvent) -> None:
         fact = view.apply(event)
@@ -253,21 +252,6 @@ class Threads:
 
 def _filename(source: str, view: RunRecord) -> str:
     return f"{source.replace('/', '-')}-{view.run_id}.log"
-
-
-# --- SQL, run on the store's thread ---
-
-
-def _create_thread(store: Store, run_id: str, channel: str, team_domain: str) -> None:
-    with store.db.conn:
-        store.db.table("slack_threads").insert(
-            {"run_id": run_id, "channel": channel, "team_domain": team_domain, "created_at": now()}
-        )
-
-
-def thread_of(store: Store, run_id: str) -> dict[str, Any] | None:
-    rows = list(store.db.table("slack_threads").rows_where("run_id = ?", [run_id]))
-    return rows[0] if rows else None
 
 
 Post = Callable[[str, Message], Awaitable[None]]

@@ -1,0 +1,121 @@
+"""What the store gives back: one frozen dataclass per table, its fields the table's columns in their order
+(so `dataclasses.asdict` is the row as stored, for the JSON that shows one), and the run statuses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# A run's status: running until its runner's run_finished says how it ended (RunStatus's ids), or until the
+# bot gave up on it (lost). The one-active-run-per-cluster index (migration 6) covers ACTIVE.
+RUNNING, COMPLETED, CANCELLED, ERROR, LOST = "running", "completed", "cancelled", "error", "lost"
+ACTIVE = (RUNNING,)
+FINAL = (COMPLETED, CANCELLED, ERROR, LOST)
+
+
+@dataclass(frozen=True)
+class Run:
+    """`rerun_of`: the original, for an isolated rerun; None otherwise. `channel`/`thread_ts`: its Slack card."""
+
+    id: str
+    cluster: str
+    runner: str
+    status: str
+    requested_by: str
+    channel: str | None
+    thread_ts: str | None
+    image: str
+    request_json: str
+    decision: str | None
+    summary: str | None
+    created_at: str
+    updated_at: str
+    finished_at: str | None
+    rerun_of: str | None
+
+
+@dataclass(frozen=True)
+class Rerun:
+    """An isolated rerun's link to its original: where it ran, what ends that placement, and its verdict."""
+
+    run_id: str
+    original_id: str
+    provider: str  # static | slurm | kubernetes
+    placement: str  # a runner address, a Slurm job, a Kubernetes Job
+    bundle_sha256: str
+    verdict: str | None  # reproduced | not_reproduced | different_failure; None until it ends, '' without one
+    comparison_json: str | None
+    created_at: str
+    handle: str | None  # a Slurm job id, a Kubernetes Job name; None for a static runner
+
+
+@dataclass(frozen=True)
+class Change:
+    """One line of a cluster's change log."""
+
+    id: int
+    cluster: str
+    at: str
+    what: str
+    by: str
+    via: str
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """`place`: where the action was asked for (a Slack channel id; empty for the terminal)."""
+
+    id: int
+    at: str
+    actor: str
+    action: str
+    target: str
+    detail: str
+    via: str
+    place: str | None
+
+
+@dataclass(frozen=True)
+class Thread:
+    """A run's Slack thread: its channel, and the ts of the card (its parent) and of the live checklist once
+    Slack has them."""
+
+    run_id: str
+    channel: str
+    team_domain: str
+    parent_ts: str | None
+    checklist_ts: str | None
+    created_at: str
+
+    def ts(self, ref: str) -> str | None:
+        """The ts of the message `ref` names (parent_ts or checklist_ts); None until it is posted."""
+        return {"parent_ts": self.parent_ts, "checklist_ts": self.checklist_ts}[ref]
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    """One Slack write as the outbox keeps it: `payload_json` is the write itself, the rest its progress."""
+
+    id: int
+    key: str  # idempotency key: one row per message write; updates of one message share a row
+    lane: str  # writes of one lane go out in order, paced together
+    run_id: str
+    method: str
+    payload_json: str
+    state: str  # pending | sent | failed
+    version: int  # bumped by every coalesced update; a send completes only the version it sent
+    attempts: int
+    not_before: float  # unix time: retry-after / backoff
+    error: str | None
+    created_at: str
+    sent_at: str | None
+
+
+@dataclass(frozen=True)
+class Posted:
+    """A run's message Slack took, which later writes refer to: `ref` is the thread's column for it
+    (parent_ts, the card, which is also the run's place; or checklist_ts)."""
+
+    run_id: str
+    ref: str
+    channel: str
+    ts: str | None

@@ -1,0 +1,183 @@
+"""Runs, their events (exactly once per (run_id, seq)) and isolated reruns' links to their originals."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import asdict
+from typing import Any
+
+from google.protobuf import json_format
+
+from bot.store.base import ActiveRunExists, RunNotFound, Tables, now, redacted
+from bot.store.rows import ACTIVE, CANCELLED, RUNNING, Rerun, Run
+from protos import runner_pb2 as pb
+from runner.redact import redactor
+
+_ACTIVE_SQL = ", ".join(f"'{status}'" for status in ACTIVE)
+
+
+class RunTables(Tables):
+    # --- runs ---
+
+    def create_run(
+        self,
+        run_id: str,
+        cluster: str,
+        *,
+        runner: str = "",
+        requested_by: str = "",
+        image: str = "",
+        request_json: str = "{}",
+    ) -> None:
+        """A new run, running: its row reserves the cluster (one active run each) while its runner is asked."""
+        try:
+            with self.db.conn:
+                self.db.table("runs").insert(_new_run(run_id, cluster, runner, requested_by, image, request_json))
+        except sqlite3.IntegrityError:
+            active = self.active_run(cluster)
+            if active is None:
+                raise
+            raise ActiveRunExists(active.id) from None
+
+    def discard_run(self, run_id: str) -> None:
+        """A start the runner refused: the run's reservation of its cluster goes, and nothing else was stored."""
+        with self.db.conn:
+            self.db.execute("DELETE FROM runs WHERE id = ?", [run_id])
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        with self.db.conn:
+            self.db.table("runs").update(run_id, {**redacted(fields), "updated_at": now()})
+
+    def close_if_active(self, run_id: str, why: str) -> None:
+        """An active run its follower can no longer see end (its placement was released): cancelled, with why."""
+        try:
+            run = self.get_run(run_id)
+        except RunNotFound:
+            return
+        if run.status in ACTIVE:
+            self.update_run(run_id, status=CANCELLED, summary=why, finished_at=now())
+
+    def get_run(self, run_id: str) -> Run:
+        """A run by id or by a unique prefix of its id."""
+        rows = list(self.db.table("runs").rows_where("id = ? OR id LIKE ?", [run_id, f"{run_id}%"], limit=2))
+        exact = [row for row in rows if row["id"] == run_id]
+        if exact:
+            return Run(**exact[0])
+        if len(rows) == 1:
+            return Run(**rows[0])
+        raise RunNotFound(f"no run {run_id!r}" if not rows else f"run id {run_id!r} is ambiguous")
+
+    def run_ids_of_runner(self, runner: str) -> list[str]:
+        return [row["id"] for row in self.db.table("runs").rows_where("runner = ?", [runner], select="id")]
+
+    def active_run(self, cluster: str) -> Run | None:
+        """The cluster's active run (an isolated rerun runs elsewhere and does not count)."""
+        where = f"cluster = ? AND status IN ({_ACTIVE_SQL}) AND rerun_of IS NULL"
+        rows = list(self.db.table("runs").rows_where(where, [cluster]))
+        return Run(**rows[0]) if rows else None
+
+    def runs(self, limit: int = 20, status: tuple[str, ...] = ()) -> list[Run]:
+        """The latest runs, newest first; with `status`, only those in it."""
+        where = f"status IN ({', '.join('?' * len(status))})" if status else None
+        rows = self.db.table("runs").rows_where(where, list(status), order_by="created_at DESC", limit=limit)
+        return [Run(**row) for row in rows]
+
+    def active_runs(self) -> list[Run]:
+        """Every active run, isolated reruns included: what a bot that starts resumes."""
+        return self.runs(10_000, ACTIVE)
+
+    def import_run(self, run: Run, events: list[pb.RunEvent]) -> None:
+        """A run from a bundle, with its events, all or nothing (one transaction: sqlite-utils commits each
+        insert of its own otherwise)."""
+        with self.db.atomic():
+            self.db.table("runs").insert(redacted(asdict(run)))
+            self.db.table("run_events").insert_all(_event_row(event) for event in events)
+
+    # --- isolated reruns ---
+
+    def create_rerun(
+        self,
+        run_id: str,
+        original: Run,
+        *,
+        runner: str,
+        requested_by: str,
+        image: str,
+        request_json: str,
+        provider: str,
+        placement: str,
+        handle: str,
+        bundle_sha256: str,
+    ) -> None:
+        """The rerun's run (on its original's cluster, marked a rerun of it) and its link, together."""
+        run = _new_run(run_id, original.cluster, runner, requested_by, image, request_json)
+        link = {
+            "run_id": run_id,
+            "original_id": original.id,
+            "provider": provider,
+            "placement": placement,
+            "handle": handle,
+            "bundle_sha256": bundle_sha256,
+            "created_at": run["created_at"],
+        }
+        with self.db.atomic():
+            self.db.table("runs").insert({**run, "rerun_of": original.id})
+            self.db.table("reruns").insert(redacted(link))
+
+    def record_verdict(self, run_id: str, verdict: str, comparison_json: str) -> None:
+        with self.db.conn:
+            self.db.table("reruns").update(run_id, redacted({"verdict": verdict, "comparison_json": comparison_json}))
+
+    def get_rerun(self, run_id: str) -> Rerun:
+        return Rerun(**self.db.table("reruns").get(run_id))
+
+    def reruns_of(self, original_id: str) -> list[Rerun]:
+        rows = self.db.table("reruns").rows_where("original_id = ?", [original_id], order_by="created_at")
+        return [Rerun(**row) for row in rows]
+
+    # --- events ---
+
+    def add_event(self, event: pb.RunEvent) -> bool:
+        """Stores an event once; False when (run_id, seq) was already stored (a replayed event)."""
+        try:
+            with self.db.conn:
+                self.db.table("run_events").insert(_event_row(event))
+        except sqlite3.IntegrityError:
+            return False
+        return True
+
+    def last_seq(self, run_id: str) -> int:
+        row = self.db.execute("SELECT MAX(seq) FROM run_events WHERE run_id = ?", [run_id]).fetchone()
+        return int(row[0] or 0)
+
+    def events(self, run_id: str) -> list[pb.RunEvent]:
+        rows = self.db.table("run_events").rows_where("run_id = ?", [run_id], order_by="seq")
+        return [json_format.Parse(row["payload_json"], pb.RunEvent()) for row in rows]
+
+
+def _new_run(
+    run_id: str, cluster: str, runner: str, requested_by: str, image: str, request_json: str
+) -> dict[str, Any]:
+    stamp = now()
+    fields = {
+        "id": run_id,
+        "cluster": cluster,
+        "runner": runner,
+        "status": RUNNING,
+        "requested_by": requested_by,
+        "image": image,
+        "request_json": request_json,
+    }
+    return {**redacted(fields), "created_at": stamp, "updated_at": stamp}
+
+
+def _event_row(event: pb.RunEvent) -> dict[str, Any]:
+    event = redactor().message(event)
+    return {
+        "run_id": event.run_id,
+        "seq": event.seq,
+        "kind": event.WhichOneof("payload") or "",
+        "at": event.at.ToJsonString(),
+        "payload_json": json_format.MessageToJson(event, indent=None),
+        "received_at": now(),
+    }
