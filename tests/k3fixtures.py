@@ -26,7 +26,7 @@ KIMI_LAUNCH = (
 
 
 def runner_data(
-    certs: DevCerts | None, state: Path, *, scenario: str = "healthy", speed: float = 200, **extra: Any
+    certs: DevCerts | None, state: Path, *, scenario: str = "healthy", speed: float = 2000, **extra: Any
 ) -> dict[str, Any]:
     data: dict[str, Any] = {
         "name": "gpu-test",
@@ -35,10 +35,8 @@ def runner_data(
         "state_dir": str(state),
         "allowed_images": ["vllm/vllm-openai:*"],
         "heartbeat_s": 0.5,
-        "engine": {
+        "engine": {  # the sim backend's clock runs at the sim speed: the default limits are engine seconds
             "backend": "sim",
-            "stall_timeout_s": 30,
-            "ready_timeout_s": 60,
             "stop_grace_s": 2,
             "sim": {"scenario": scenario, "speed": speed},
         },

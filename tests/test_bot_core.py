@@ -96,7 +96,7 @@ async def test_healthy_run_sends_the_fixed_request_three_times(certs: DevCerts, 
 
 
 async def test_lost_stream_resumes_without_lost_or_duplicated_events(certs: DevCerts, tmp_path: Path) -> None:
-    async with running_runner(runner_data(certs, tmp_path / "runner", scenario="healthy", speed=20)) as daemon:
+    async with running_runner(runner_data(certs, tmp_path / "runner", scenario="healthy")) as daemon:
         proxy = TcpProxy(daemon.port)
         await proxy.start()
         config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{proxy.port}"])

@@ -190,8 +190,8 @@ def test_a_template_with_an_unknown_placeholder_is_a_clear_error(tmp_path: Path)
 
 async def test_a_rerun_creates_the_job_connects_to_its_pod_and_deletes_it(certs: DevCerts, tmp_path: Path) -> None:
     api = FakeApi()
-    regular = runner_data(certs, tmp_path / "regular", scenario="demo", speed=800)
-    isolated = runner_data(certs, tmp_path / "isolated", scenario="demo", speed=800, name="pod", labels=["isolated"])
+    regular = runner_data(certs, tmp_path / "regular", scenario="demo")
+    isolated = runner_data(certs, tmp_path / "isolated", scenario="demo", name="pod", labels=["isolated"])
     async with fake_api(api) as url, running_runner(regular) as a, running_runner(isolated) as b:
         token = tmp_path / "token"
         token.write_text("test-token")

@@ -26,7 +26,7 @@ HOLDS, FAILS = pb.CHECKLIST_STATE_HOLDS, pb.CHECKLIST_STATE_FAILS
 
 
 async def _run(certs: DevCerts, tmp_path: Path, scenario: str, **start: Any) -> list[pb.RunEvent]:
-    runner = runner_data(certs, tmp_path / "runner", scenario=scenario, speed=500)
+    runner = runner_data(certs, tmp_path / "runner", scenario=scenario)
     return await run_to_end(certs, tmp_path, runner, **start)
 
 
@@ -200,7 +200,7 @@ async def test_the_deployments_own_log_is_frozen_and_compared_with_what_the_run_
 async def test_freeze_records_the_fixed_request_or_only_its_digest(
     certs: DevCerts, tmp_path: Path, bodies: str
 ) -> None:
-    runner = runner_data(certs, tmp_path / "runner", scenario="demo", speed=500, request_bodies=bodies)
+    runner = runner_data(certs, tmp_path / "runner", scenario="demo", request_bodies=bodies)
     events = await run_to_end(certs, tmp_path, runner)
     scene = json.loads(next(e.artifact.content for e in events if e.artifact.name == "fingerprint"))
     request = scene["request"]
@@ -227,6 +227,7 @@ async def test_a_driver_upgraded_under_a_run_makes_it_isolate(certs: DevCerts, t
             )
             upgraded.set()
 
+    # slow enough for the bot to change the host between the two attempts
     runner = runner_data(certs, tmp_path / "runner", scenario=str(scenario), speed=500)
     async with running_runner(runner) as daemon:
         config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"])
@@ -306,7 +307,7 @@ async def test_a_weight_load_failure_is_never_repeated_on_a_proxy(certs: DevCert
 async def test_show_json_carries_the_run_report_of_any_run(
     certs: DevCerts, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    runner = runner_data(certs, tmp_path / "runner", scenario="demo", speed=500)
+    runner = runner_data(certs, tmp_path / "runner", scenario="demo")
     async with bot_core(certs, tmp_path, runner) as core:
         started = await finished_run(core)
         events = await core.store.call(Store.events, started.run_id)

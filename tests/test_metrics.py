@@ -103,7 +103,7 @@ async def test_the_bot_endpoint_parses_and_escapes_a_quote_in_a_label(tmp_path: 
 
 
 async def test_the_runner_endpoint_counts_a_run_from_its_events(certs: DevCerts, tmp_path: Path) -> None:
-    data = runner_data(certs, tmp_path / "runner", scenario="demo", speed=800, metrics={"listen": "127.0.0.1:0"})
+    data = runner_data(certs, tmp_path / "runner", scenario="demo", metrics={"listen": "127.0.0.1:0"})
     events: list[pb.RunEvent] = []
 
     async def keep(event: pb.RunEvent) -> None:

@@ -103,7 +103,7 @@ LAUNCH = KIMI_LAUNCH + " --max-num-seqs 64 --gpu-memory-utilization 0.92"
 
 
 async def test_minimize_shrinks_a_prefix_cache_crash_to_its_flag(certs: DevCerts, tmp_path: Path) -> None:
-    runner = runner_data(certs, tmp_path / "runner", scenario="prefix-cache-crash", speed=500)
+    runner = runner_data(certs, tmp_path / "runner", scenario="prefix-cache-crash")
     async with bot_core(certs, tmp_path, runner, launch=LAUNCH) as core:
         original = await finished_run(core)
         started = await start_minimize(core, original.run_id, "U1")
@@ -139,7 +139,7 @@ def _sources(record: RunRecord) -> set[str]:
 
 
 async def test_minimize_refuses_a_run_without_a_trigger(certs: DevCerts, tmp_path: Path) -> None:
-    runner = runner_data(certs, tmp_path / "runner", scenario="healthy", speed=500)
+    runner = runner_data(certs, tmp_path / "runner", scenario="healthy")
     async with bot_core(certs, tmp_path, runner) as core:
         healthy = await finished_run(core)
         runs_before = await core.store.call(Store.runs, 10)
@@ -168,7 +168,7 @@ def _config_file(tmp_path: Path, store: Path) -> Path:
 async def test_the_minimize_button_starts_a_run_with_its_own_thread(
     certs: DevCerts, tmp_path: Path, api: SlackApi
 ) -> None:
-    async with slack_bot(certs, tmp_path, api, scenario="prefix-cache-crash", speed=500) as served:
+    async with slack_bot(certs, tmp_path, api, scenario="prefix-cache-crash") as served:
         await post(served, body := command_body("start cluster-a"), signed(body))
         await settle(served)
         store = Store(tmp_path / "k3.db")
@@ -205,7 +205,7 @@ async def test_the_minimize_button_starts_a_run_with_its_own_thread(
 async def test_k3repro_minimize_prints_the_failing_command(
     certs: DevCerts, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    runner = runner_data(certs, tmp_path / "runner", scenario="prefix-cache-crash", speed=500)
+    runner = runner_data(certs, tmp_path / "runner", scenario="prefix-cache-crash")
     async with bot_core(certs, tmp_path, runner) as core:
         original = await finished_run(core)
         (tmp_path / "k3.toml").write_text(

@@ -182,7 +182,7 @@ async def test_a_cli_killed_mid_run_does_not_leave_its_cluster_active(certs: Dev
 
     port = _free_port()
     runner_toml = _runner_toml(certs, tmp_path, port)
-    runner_toml.write_text(runner_toml.read_text().replace("speed = 1\n", "speed = 10\n"))  # a run: ~20 s
+    runner_toml.write_text(runner_toml.read_text().replace("speed = 1\n", "speed = 40\n"))  # a run: ~8 s
     daemon = subprocess.Popen(
         [BIN / "k3repro-runner", "serve", "--config", runner_toml], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )

@@ -27,7 +27,7 @@ from runner.tls import DevCerts
 from runner.toml_reader import ConfigError
 from tests.k3fixtures import bot_config, runner_data, running_runner
 
-SPEED = 800
+SPEED = 2000
 DIGEST_IMAGES = ["vllm/vllm-openai:*", "vllm/vllm-openai@sha256:*"]
 
 

@@ -22,10 +22,10 @@ from tests.slack_api import slack_config as with_slack
 
 @contextlib.asynccontextmanager
 async def _cluster(
-    certs: DevCerts, tmp_path: Path, api: SlackApi, isolated_speed: float = 800
+    certs: DevCerts, tmp_path: Path, api: SlackApi, isolated_speed: float = 2000
 ) -> AsyncIterator[BotConfig]:
     """A regular runner with a leftover process and an isolated one on a clean host, and the bot's config."""
-    regular = runner_data(certs, tmp_path / "regular", scenario="leftover-process", speed=800)
+    regular = runner_data(certs, tmp_path / "regular", scenario="leftover-process")
     isolated = runner_data(certs, tmp_path / "isolated", scenario="healthy", speed=isolated_speed, labels=["isolated"])
     async with running_runner(regular) as a, running_runner(isolated) as b:
         runners = [f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"]

@@ -27,7 +27,7 @@ async def _events(stub: pb_grpc.RunnerStub, call: object) -> list[pb.RunEvent]:
 
 
 async def test_watching_a_finished_run_replays_and_ends(certs: DevCerts, tmp_path: Path) -> None:
-    async with running_runner(runner_data(certs, tmp_path, speed=500)) as daemon:
+    async with running_runner(runner_data(certs, tmp_path)) as daemon:
         async with open_channel(f"127.0.0.1:{daemon.port}", _tls(certs)) as channel:
             stub = pb_grpc.RunnerStub(channel)
             events = await _events(stub, stub.StartRun(_start("r-done"), timeout=60))
@@ -39,11 +39,11 @@ async def test_watching_a_finished_run_replays_and_ends(certs: DevCerts, tmp_pat
 
 
 async def test_a_second_runner_on_the_same_state_dir_or_port_is_refused(certs: DevCerts, tmp_path: Path) -> None:
-    data = runner_data(certs, tmp_path / "a", speed=500)
+    data = runner_data(certs, tmp_path / "a")
     async with running_runner(data) as first:
         with pytest.raises(DaemonStartError, match=r"state_dir .* is in use by another runner \(pid \d+\)"):
             RunnerDaemon(parse_runner_config(data, base=tmp_path, origin="test"))
-        other = runner_data(certs, tmp_path / "b", speed=500, listen=f"127.0.0.1:{first.port}")
+        other = runner_data(certs, tmp_path / "b", listen=f"127.0.0.1:{first.port}")
         second = RunnerDaemon(parse_runner_config(other, base=tmp_path, origin="test"))
         with pytest.raises(DaemonStartError, match=r"cannot listen on 127\.0\.0\.1:"):
             await second.start()
@@ -57,7 +57,7 @@ async def test_a_journal_that_cannot_write_ends_the_run_visibly_with_no_seq_lost
 ) -> None:
     """A real SQLite failure (a trigger raising "database or disk is full" from the 12th event on): the run ends
     as an error that says why, its engine is stopped, the runner is free, and the seqs it has are contiguous."""
-    async with running_runner(runner_data(certs, tmp_path, scenario="healthy", speed=20)) as daemon:
+    async with running_runner(runner_data(certs, tmp_path, scenario="healthy")) as daemon:
         with sqlite3.connect(daemon.config.journal_path) as db:
             db.execute(
                 "CREATE TRIGGER full BEFORE INSERT ON events WHEN NEW.seq >= 12 "
@@ -101,7 +101,7 @@ async def test_the_process_backend_runs_only_configured_executables(
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "vllm").symlink_to(allowed)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    data = runner_data(certs, tmp_path / "state", speed=500)
+    data = runner_data(certs, tmp_path / "state")
     data["engine"] = {"backend": "process", "executables": ["vllm"], "stop_grace_s": 1}
     backend = ProcessBackend(executables=parse_runner_config(data, base=tmp_path, origin="t").engine.executables)
     assert backend.refusal(["vllm", "serve", "m"]) == ""  # through PATH and a symlink: the configured program

@@ -134,7 +134,7 @@ async def test_no_planted_secret_reaches_store_journal_bundle_slack_or_terminal(
     for name in ENV_NAMES:
         monkeypatch.setenv(name, S[f"env {name}"])
     scenario = _scenario(tmp_path / "leaky.toml")
-    runner = runner_data(certs, tmp_path / "runner", scenario=str(scenario), speed=500)
+    runner = runner_data(certs, tmp_path / "runner", scenario=str(scenario))
     terminal = io.StringIO()
     async with running_runner(runner) as daemon:
         config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"], launch=LAUNCH)

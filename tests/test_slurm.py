@@ -50,7 +50,6 @@ key = "{certs.runner_key}"
 client_ca = "{certs.ca}"
 [engine]
 backend = "sim"
-stall_timeout_s = 30
 stop_grace_s = 2
 [engine.sim]
 scenario = "healthy"
@@ -62,11 +61,11 @@ speed = {speed}
 
 @contextlib.asynccontextmanager
 async def bot(
-    certs: DevCerts, tmp_path: Path, *, partition: str = UP, speed: float = 800, queue_wait_s: float = 30
+    certs: DevCerts, tmp_path: Path, *, partition: str = UP, speed: float = 2000, queue_wait_s: float = 30
 ) -> AsyncIterator[tuple[Coordinator, str]]:
     """A cluster whose regular runner has a leftover process, and Slurm as its isolation provider; yields the
     bot core and a finished original run."""
-    async with running_runner(runner_data(certs, tmp_path / "regular", scenario="leftover-process", speed=800)) as a:
+    async with running_runner(runner_data(certs, tmp_path / "regular", scenario="leftover-process")) as a:
         isolation = {
             "provider": "slurm",
             "partition": partition,

@@ -20,7 +20,7 @@ from tests.k3fixtures import bot_config, runner_data, running_runner
 
 
 async def _run(certs: DevCerts, tmp_path: Path, scenario: str) -> str:
-    async with running_runner(runner_data(certs, tmp_path / "runner", scenario=scenario, speed=800)) as daemon:
+    async with running_runner(runner_data(certs, tmp_path / "runner", scenario=scenario)) as daemon:
         config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"])
         store = AsyncStore(config.store)
         started = await Coordinator(config, store).start("cluster-a", "U1")

@@ -27,8 +27,6 @@ from runner.sim.scenario import load_scenario, scenario_path
 from runner.tls import write_dev_certs
 from runner.toml_reader import ConfigError, read_toml
 
-SIMULATED_SECONDS = ("ready_timeout_s", "stall_timeout_s", "request_timeout_s")  # demo.toml gives them simulated
-MIN_WAIT_S = 3.0  # a loaded machine's scheduling jitter must not look like a hang
 HOST_INSTALL = "host-install"  # what `--launch` runs is the host's own vLLM install, not an image
 
 
@@ -102,12 +100,8 @@ async def demo(
     runner_data["tls"] = {"cert": str(certs.runner_cert), "key": str(certs.runner_key), "client_ca": str(certs.ca)}
     engine = runner_data["engine"]
     engine["sim"]["scenario"] = str(scenario)
-    engine["sim"]["speed"] = speed = engine["sim"]["speed"] if speed is None else speed
-    # The runner counts wall-clock seconds and the simulator runs `speed` times faster; a hang still needs
-    # MIN_WAIT_S of silence, and the other waits keep their proportion to it.
-    divisor = min(speed, engine["stall_timeout_s"] / MIN_WAIT_S)
-    for key in SIMULATED_SECONDS:
-        engine[key] = max(MIN_WAIT_S, engine[key] / divisor)
+    if speed is not None:
+        engine["sim"]["speed"] = speed
     cluster = data["clusters"]["cluster-a"]
     cluster["launch"] = list(deployment.argv)
     if deployment.image:

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from runner.clock import Clock
 from runner.fingerprint import Target
 from runner.nvml import NvmlSource
 
@@ -32,13 +33,15 @@ class RunningEngine(Protocol):
     async def wait(self) -> int: ...
 
     async def stop(self, grace_s: float) -> None:
-        """Stops the engine and everything it started (its whole process group or container)."""
+        """Stops the engine and everything it started (its whole process group or container); `grace_s`
+        is a limit of the backend's clock."""
         ...
 
 
 class EngineBackend(Protocol):
     name: str
     nvml: NvmlSource  # what this backend's GPUs look like through NVML
+    clock: Clock  # the engine's time: every wait on the engine counts it (runner/clock.py)
 
     def refusal(self, argv: list[str]) -> str:
         """Why this backend will not run `argv` (one line), or "": checked before a run is recorded."""

@@ -13,6 +13,7 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
+from runner.clock import Clock
 from runner.config import DockerSettings
 from runner.engines.base import LogLine
 from runner.fingerprint import ImageTarget
@@ -89,6 +90,7 @@ class DockerBackend:
     def __init__(self, settings: DockerSettings, nvml: NvmlSource | None = None) -> None:
         self.settings = settings
         self.nvml: NvmlSource = nvml or PynvmlSource()
+        self.clock = Clock()  # a real engine in a container: the wall clock
         self._launches = 0
 
     def refusal(self, argv: list[str]) -> str:

@@ -15,6 +15,7 @@ import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from runner.clock import Clock
 from runner.config import resolve_executable
 from runner.engines.base import LogLine
 from runner.fingerprint import PythonTarget
@@ -25,8 +26,9 @@ _LINE_LIMIT = 1 << 20
 
 
 class ProcessEngine:
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
+    def __init__(self, process: asyncio.subprocess.Process, clock: Clock) -> None:
         self._process = process
+        self._clock = clock
         self._queue: asyncio.Queue[LogLine | None] = asyncio.Queue()
         self._readers = [
             asyncio.create_task(self._pump("stdout", process.stdout)),
@@ -70,12 +72,13 @@ class ProcessEngine:
         return await self._process.wait()
 
     async def stop(self, grace_s: float) -> None:
-        """SIGTERM to the whole group, SIGKILL after the grace period; children never outlive us."""
+        """SIGTERM to the whole group, SIGKILL after the grace period (a limit of the engine's clock);
+        children never outlive us."""
         _signal_group(self._process.pid, signal.SIGTERM)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._process.wait()), grace_s)
+        exited = asyncio.ensure_future(self._process.wait())
+        await self._clock.wait([exited], self._clock.limit(grace_s))
         _signal_group(self._process.pid, signal.SIGKILL)
-        await self._process.wait()
+        await exited
         for reader in self._readers:
             reader.cancel()
         await asyncio.gather(*self._readers, return_exceptions=True)
@@ -89,8 +92,11 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 class ProcessBackend:
     name = "process"
 
-    def __init__(self, nvml: NvmlSource | None = None, executables: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, nvml: NvmlSource | None = None, executables: tuple[str, ...] = (), clock: Clock | None = None
+    ) -> None:
         self.nvml: NvmlSource = nvml or PynvmlSource()
+        self.clock = clock or Clock()
         self.executables = frozenset(executables)  # real paths
 
     def refusal(self, argv: list[str]) -> str:
@@ -138,7 +144,7 @@ class ProcessBackend:
             start_new_session=True,
             limit=_LINE_LIMIT,
         )
-        return ProcessEngine(process)
+        return ProcessEngine(process, self.clock)
 
 
 def process_groups(run_ids: set[str]) -> set[int]:

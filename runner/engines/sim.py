@@ -8,6 +8,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 
+from runner.clock import Clock
 from runner.engines.process import ProcessBackend, ProcessEngine
 from runner.fingerprint import PythonTarget
 from runner.nvml import GpuInfo, GpuProcess, NvmlView
@@ -91,7 +92,7 @@ class SimBackend(ProcessBackend):
         self.speed = speed
         self._launches: Counter[str] = Counter()  # per run: a flaky scenario replays the same way in each run
         self._nvml = ScenarioNvml(self.scenario)
-        super().__init__(self._nvml)
+        super().__init__(self._nvml, clock=Clock.scaled(speed))  # the simulator's time is the runner's
 
     async def launch(self, argv: list[str], *, run_id: str, image: str) -> ProcessEngine:
         engine = await super().launch(argv, run_id=run_id, image=image)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protos import runner_pb2 as pb
+from runner.clock import Clock
 from runner.config import RunnerConfig
 from runner.engines import EngineBackend, RunningEngine
 from runner.vllm_cli import ServeCommand
@@ -71,6 +72,11 @@ class RunContext:
     ladder_proxies: bool = False  # ladder relaunches may use the ladder's proxies (a real launch answered)
     decision: pb.Decision = pb.DECISION_UNSPECIFIED  # set by verdict
     reasons: list[str] = field(default_factory=list)
+
+    @property
+    def clock(self) -> Clock:
+        """The engine's time, as its backend counts it: every wait on the engine uses it (runner/clock.py)."""
+        return self.backend.clock
 
     async def check(self, item: pb.ChecklistId, state: pb.ChecklistState, evidence: str) -> None:
         """Records a checklist item once it has evidence (or changes), as an event."""

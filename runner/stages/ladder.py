@@ -260,7 +260,7 @@ async def _repeated_prefix(
     await ctx.emit(request_result=probe)
     if probe.http_status != 200:
         return await _not_answered(ctx, spec, step.id, probe, relaunched)
-    await asyncio.sleep(spec.settle_s)
+    await ctx.clock.sleep(spec.settle_s)
     after = await _prefix_counters(ctx, spec, http)
     if before is None or after is None:
         return StepOutcome(step.id, pb.LADDER_OUTCOME_CACHE_MISS, "no prefix-cache counters at /metrics", relaunched)
@@ -309,9 +309,10 @@ async def _token_budget(ctx: RunContext, http: aiohttp.ClientSession, fraction: 
 async def _request_failed(
     ctx: RunContext, spec: LadderSpec, step: str, result: pb.RequestResult, relaunched: bool
 ) -> StepOutcome:
-    """A failed request is explained by the engine's first error when its log shows one."""
+    """A failed request is explained by the engine's first error when its log shows one (a request that timed
+    out already gave the log its time)."""
     follower = ctx.follower
-    if follower is not None:
+    if follower is not None and not probes.timed_out(result):
         await follower.wait_first_error()
     error = follower.first_error.result() if follower is not None and follower.first_error.done() else None
     error = error or await probes.hang_of(ctx, result)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import shlex
-import time
 from dataclasses import dataclass, replace
 
 import aiohttp
@@ -18,8 +17,10 @@ from runner.stages.log_follower import LogFollower
 from runner.stages.proxies import planned
 from runner.vllm_cli import ServeCommand
 
+# Seconds of the engine's clock (ctx.clock): the polls are pauses, the stops and the drain limits.
 POLL_S = 0.25
 DRAIN_POLL_S = 2.0
+DRAIN_S = 5.0  # how long a stopped engine's output gets to end
 # A launch that failed is stopped at once, after this long for the rest of its traceback (and a later OOM)
 # to reach the log: vLLM often does not exit on SIGTERM after a start-up failure, and the grace period is
 # GPU time spent on an engine that is already dead.
@@ -82,7 +83,7 @@ async def launch(ctx: RunContext, command: ServeCommand, source: str) -> Launch:
         raise
     if ctx.engine.image_id:
         ctx.images.append(ctx.engine.image_id)
-    ctx.follower = follower = LogFollower(ctx.engine, ctx.emit, source)
+    ctx.follower = follower = LogFollower(ctx.engine, ctx.emit, source, ctx.clock)
     ctx.base_url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
     ctx.running = command
     ready, summary, failure = await _until_ready(ctx, follower)
@@ -99,13 +100,13 @@ async def launch(ctx: RunContext, command: ServeCommand, source: str) -> Launch:
 async def _guard_gpu_memory(ctx: RunContext) -> None:
     """Leftover processes holding GPU memory are what causes secondary OOMs: report them before a launch,
     wait (bounded) for them to drain when configured, and remember them so the launch is not taken as evidence."""
-    deadline = time.monotonic() + ctx.config.engine.foreign_memory_wait_s
+    deadline = ctx.clock.now() + ctx.config.engine.foreign_memory_wait_s
     while True:
         view = await asyncio.to_thread(ctx.backend.nvml.read)
         processes = view.processes if view.available else ()
-        if not processes or time.monotonic() >= deadline:
+        if not processes or ctx.clock.now() >= deadline:
             break
-        await asyncio.sleep(DRAIN_POLL_S)
+        await ctx.clock.sleep(DRAIN_POLL_S)
     if view.available and view.driver_version:
         ctx.drivers.append(view.driver_version)
     per_pid: dict[int, list[int]] = {}
@@ -136,13 +137,13 @@ async def release(ctx: RunContext, grace_s: float | None = None) -> None:
         grace = ctx.config.engine.stop_grace_s if grace_s is None else min(grace_s, ctx.config.engine.stop_grace_s)
         await ctx.engine.stop(grace)
     if ctx.follower is not None:
-        await ctx.follower.drain(timeout_s=5.0)
+        await ctx.follower.drain(timeout_s=DRAIN_S)
     ctx.running = None
 
 
 async def _until_ready(ctx: RunContext, follower: LogFollower) -> tuple[bool, str, Attempt | None]:
-    engine_config = ctx.config.engine
-    deadline = time.monotonic() + engine_config.ready_timeout_s
+    engine_config, clock = ctx.config.engine, ctx.clock
+    deadline = clock.now() + clock.limit(engine_config.ready_timeout_s)
     async with aiohttp.ClientSession() as http:
         while True:
             if follower.first_error.done():
@@ -159,20 +160,20 @@ async def _until_ready(ctx: RunContext, follower: LogFollower) -> tuple[bool, st
                     f"engine exited with code {code} before the API answered; last line: {last}",
                     Attempt(phase, "other", f"exit {code} in {phase}"),
                 )
-            stall = follower.analyzer.stalled(time.monotonic(), engine_config.stall_timeout_s)
+            stall = follower.analyzer.stalled(clock.now(), clock.limit(engine_config.stall_timeout_s))
             if stall is not None:
                 hang = await follower.hang(stall)
                 return False, f"failed in {hang.phase} ({hang.category}): {hang.line}", None
             if await healthy(http, ctx.base_url):
                 return True, f"API answered at {ctx.base_url} (/health 200)", None
-            if time.monotonic() > deadline:
+            if clock.now() > deadline:
                 phase = follower.analyzer.phase or "container_init"
                 return (
                     False,
                     f"not ready after {engine_config.ready_timeout_s:.0f} s",
                     Attempt(phase, "other", f"not ready in {phase}"),
                 )
-            await asyncio.wait([follower.first_error], timeout=POLL_S)
+            await clock.wait([follower.first_error], POLL_S)
 
 
 async def healthy(http: aiohttp.ClientSession, base_url: str) -> bool:

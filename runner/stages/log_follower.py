@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections import deque
 from dataclasses import replace
 
@@ -13,18 +12,20 @@ from protos import runner_pb2 as pb
 from protos.vocab import from_id
 from runner.analyzer import ErrorFinding, PhaseFinding, Stall, StreamAnalyzer
 from runner.analyzer.messages import first_error_message
+from runner.clock import Clock
 from runner.engines import RunningEngine
 from runner.stages.context import Emit
 
 CHUNK_LINES = 200  # a log chunk is sent when this many lines wait ...
 CHUNK_INTERVAL_S = 1.0  # ... or this long after its first line
-ERROR_WAIT_S = 3.0  # after a failed answer, how long the engine's log gets to show why
+ERROR_WAIT_S = 3.0  # after a failed answer, how long the engine's log gets to show why (a limit)
 
 
 class LogFollower:
-    def __init__(self, engine: RunningEngine, emit: Emit, source: str) -> None:
+    def __init__(self, engine: RunningEngine, emit: Emit, source: str, clock: Clock) -> None:
         self.engine = engine
-        self.analyzer = StreamAnalyzer()
+        self.clock = clock  # the engine's: the analyzer's progress times and every wait here count it
+        self.analyzer = StreamAnalyzer(started_at=clock.now())
         self.first_error: asyncio.Future[ErrorFinding] = asyncio.get_running_loop().create_future()
         self.tail: deque[str] = deque(maxlen=50)
         self.warnings: list[str] = []  # every WARNING line, in order (requests report those logged meanwhile)
@@ -56,12 +57,12 @@ class LogFollower:
                 text = line.text
                 self.tail.append(text)
                 if not self._pending:
-                    self._pending_since = time.monotonic()
+                    self._pending_since = self.clock.now()
                 self._pending.append(text)
                 if len(self._pending) >= CHUNK_LINES:
                     await self._flush()
                 self._fed += 1
-                for finding in self.analyzer.feed(text, at=time.monotonic()):
+                for finding in self.analyzer.feed(text, at=self.clock.now()):
                     await self._found(finding)
                 if self.analyzer.last_level == "WARNING":
                     self.warnings.append(text)
@@ -76,8 +77,8 @@ class LogFollower:
 
     async def _flush_periodically(self) -> None:
         while True:
-            await asyncio.sleep(CHUNK_INTERVAL_S / 2)
-            if self._pending and time.monotonic() - self._pending_since >= CHUNK_INTERVAL_S:
+            await self.clock.sleep(CHUNK_INTERVAL_S / 2)
+            if self._pending and self.clock.now() - self._pending_since >= CHUNK_INTERVAL_S:
                 await self._flush()
 
     async def _flush(self) -> None:
@@ -99,9 +100,9 @@ class LogFollower:
         await self._emit(first_error=first_error_message(finding))
         self.first_error.set_result(finding)
 
-    async def wait_first_error(self, timeout_s: float = ERROR_WAIT_S) -> None:
+    async def wait_first_error(self) -> None:
         """Gives the log a moment to show the first error (a failed answer usually comes before it)."""
-        await asyncio.wait([self.first_error], timeout=timeout_s)
+        await self.clock.wait([self.first_error], self.clock.limit(ERROR_WAIT_S))
 
     async def hang(self, stall: Stall) -> ErrorFinding:
         """Reports a hang as this launch's first error (no progress is itself the finding)."""
@@ -117,9 +118,9 @@ class LogFollower:
             await self._emit(first_error=first_error_message(replace(reported, secondary_oom=True)))
 
     async def drain(self, timeout_s: float) -> None:
-        """Waits for the stopped engine's output to end (then everything was sent); gives up after timeout_s."""
-        done, _ = await asyncio.wait([self._task], timeout=timeout_s)
-        if not done:
+        """Waits for the stopped engine's output to end (then everything was sent); gives up after the limit
+        timeout_s."""
+        if not await self.clock.wait([self._task], self.clock.limit(timeout_s)):
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task

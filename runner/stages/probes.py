@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import aiohttp
@@ -19,7 +18,7 @@ DEFAULT_BODY: dict[str, Any] = {
     "temperature": 0,
 }
 MAX_WARNINGS = 5
-LOG_SETTLE_S = 0.05
+LOG_SETTLE_S = 0.05  # wall seconds: the pipe's latency, not the engine's (its time is ctx.clock)
 MAX_WARNING_CHARS = 500
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 FILLER = "The quick brown fox jumps over the lazy dog while the cluster keeps serving tokens."
@@ -135,8 +134,9 @@ async def send(http: aiohttp.ClientSession, ctx: RunContext, body: dict[str, Any
     result = pb.RequestResult(attempt=attempt, max_tokens=int(body.get("max_tokens") or 0))
     result.gpu_memory_before_mib = await gpu_memory_in_use(ctx)
     logged = len(ctx.follower.warnings) if ctx.follower is not None else 0
-    started = time.monotonic()
-    timeout = aiohttp.ClientTimeout(total=ctx.config.engine.request_timeout_s)
+    clock = ctx.clock
+    started = clock.now()
+    timeout = aiohttp.ClientTimeout(total=clock.wall(clock.limit(ctx.config.engine.request_timeout_s)))
     try:
         async with http.post(
             f"{ctx.base_url}{PATHS[api(ctx)]}", json=body, headers=headers(ctx), timeout=timeout
@@ -146,7 +146,7 @@ async def send(http: aiohttp.ClientSession, ctx: RunContext, body: dict[str, Any
     except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
         result.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         answer = None
-    result.latency_s = round(time.monotonic() - started, 3)
+    result.latency_s = round(clock.now() - started, 3)  # the engine's seconds
     if isinstance(answer, dict):
         usage = answer.get("usage") or {}
         result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
@@ -185,11 +185,16 @@ async def get_text(http: aiohttp.ClientSession, url: str) -> str | None:
         return None
 
 
+def timed_out(result: pb.RequestResult) -> bool:
+    """Nothing answered within request_timeout_s."""
+    return not result.http_status and result.error.startswith("TimeoutError")
+
+
 async def hang_of(ctx: RunContext, result: pb.RequestResult) -> ErrorFinding | None:
     """A request the server never answered within request_timeout_s is a hang, and the engine's finding (its
     last line besides vLLM's waiting messages says what it waited for); None for any other failure."""
     follower = ctx.follower
-    if result.http_status or not result.error.startswith("TimeoutError") or follower is None:
+    if not timed_out(result) or follower is None:
         return None
     if follower.first_error.done():
         return None

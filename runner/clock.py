@@ -1,0 +1,58 @@
+"""The clock the runner waits on the engine with: the engine's own time, given by the engine backend.
+
+A real engine (process, docker) lives on the wall clock. The simulator runs `speed` times faster, so the sim
+backend's clock does too: the runner and the engine it follows then count the same seconds, and
+`ready_timeout_s`, `stall_timeout_s`, `request_timeout_s` and every wait below mean seconds of engine time
+whichever backend runs. Stage logic only ever uses `ctx.clock`. What faces the bot (heartbeats, the daemon's
+grace, the journal) stays on the wall clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+JITTER_S = 1.0  # the wall seconds a scaled clock's limits allow for a loaded machine not scheduling a process
+
+
+@dataclass(frozen=True)
+class Clock:
+    """`speed` times the wall clock; `Clock()` is the wall clock itself, `Clock.scaled(speed)` the simulator's.
+
+    Two kinds of waits. A pause (a poll interval, a settle, a chunk's interval) lasts exactly its clock
+    seconds. A limit, whose end is read as news about the engine (a ready deadline, a stall or request time-out,
+    the moment a failed answer gives the log to show why, a stop's grace, a drain), lasts its clock seconds plus
+    `slack_s` of the wall clock: scheduling jitter is wall time, added to whatever the engine does, and at speed
+    200 half a second of a loaded machine not running the simulator is 100 s of engine time that must not read
+    as a hang. The wall clock needs no slack (its limits are minutes, a stall is a rounding error).
+    """
+
+    speed: float = 1.0
+    slack_s: float = 0.0
+
+    @classmethod
+    def scaled(cls, speed: float) -> Clock:
+        return cls(speed, JITTER_S if speed != 1 else 0.0)
+
+    def now(self) -> float:
+        """Monotonic seconds of this clock."""
+        return time.monotonic() * self.speed
+
+    def limit(self, seconds: float) -> float:
+        """The clock seconds a limit of `seconds` lasts: its own, plus the slack for jitter."""
+        return seconds + self.slack_s * self.speed
+
+    def wall(self, seconds: float) -> float:
+        """`seconds` of this clock in wall seconds (what a library's own time-out takes)."""
+        return seconds / self.speed
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, self.wall(seconds)))
+
+    async def wait(self, futures: Iterable[asyncio.Future[Any]], seconds: float) -> bool:
+        """Waits up to `seconds` of this clock for one of `futures`; True when one is done."""
+        done, _ = await asyncio.wait(futures, timeout=max(0.0, self.wall(seconds)))
+        return bool(done)
