@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,7 +86,7 @@ def text_lines(blocks: list[Block]) -> list[str]:
     lines: list[str] = []
     for block in blocks:
         if block["type"] == "section" and "fields" in block:
-            lines.append(" · ".join(_mrkdwn(f["text"]).replace("\n", ": ", 1) for f in block["fields"]))
+            lines.append(" · ".join(unmarked(f["text"]).replace("\n", ": ", 1) for f in block["fields"]))
         if block["type"] == "section" and "text" in block:
             lines += _mrkdwn_lines(block["text"]["text"])
         elif block["type"] == "context":
@@ -97,14 +98,15 @@ def _mrkdwn_lines(text: str) -> list[str]:
     lines: list[str] = []
     position = 0
     for fence in _FENCE.finditer(text):
-        lines += _mrkdwn(text[position : fence.start()]).splitlines()
+        lines += unmarked(text[position : fence.start()]).splitlines()
         lines += [f"| {line}" for line in fence.group(1).split("\n")]
         position = fence.end()
-    lines += _mrkdwn(text[position:]).splitlines()
+    lines += unmarked(text[position:]).splitlines()
     return [line for line in lines if line.strip()]
 
 
-def _mrkdwn(text: str) -> str:
+def unmarked(text: str) -> str:
+    """mrkdwn as the terminal prints it: links as their text, no bold or code marks."""
     text = _LINK.sub(lambda m: m.group(2) or ("@" + m.group(1) if m.group(0)[1] == "@" else m.group(1)), text)
     return _BOLD.sub(r"\1", text).replace("`", "")
 
@@ -216,6 +218,7 @@ def stage_result(view: RunRecord, finished: StageResult) -> Message:
     stage = finished.stage or "run"
     blocks = [stage_head(finished)]
     blocks += [section(artifact_note(a)) for a in view.notes.get(stage, [])]
+    blocks += [section(proxy_note(s.source, s.proxies, s.line)) for s in view.launches if s.stage == stage and s.proxy]
     error = view.first_errors.get(stage)
     if error is not None and finished.status == "failed":
         blocks += first_error_blocks(error)
@@ -255,6 +258,13 @@ def first_error_blocks(error: FirstError) -> list[Block]:
 def checklist_line(check: Check, evidence_chars: int | None = None) -> str:
     evidence = clip(check.evidence, evidence_chars) if evidence_chars else check.evidence
     return f"{CHECK_MARK.get(check.state, PENDING_MARK)} *{check.item}*" + (f" — {evidence}" if evidence else "")
+
+
+def proxy_note(source: str, proxies: Iterable[tuple[str, str]], line: str) -> str:
+    """How the thread and the terminal label a proxy launch; `proxies`: (id, what it removes)."""
+    used = list(proxies)
+    ids, removes = " + ".join(p for p, _ in used), "; no ".join(r for _, r in used)
+    return f"proxy launch: `{clip(f'{source}: {ids} (no {removes}) — {line}', 2800)}`"
 
 
 def artifact_note(artifact: pb.Artifact) -> str:
@@ -373,6 +383,8 @@ class EventBlocks:
             return [context(line) for line in request_lines(fact)]
         if isinstance(fact, pb.Artifact):
             return [context(artifact_note(fact))]
+        if isinstance(fact, pb.LaunchStarted) and fact.proxies:
+            return [context(proxy_note(fact.source, ((p.id, p.removes) for p in fact.proxies), fact.line))]
         if isinstance(fact, pb.LogChunk) and self.logs:
             return [section(f"log `{fact.source}`\n" + code(list(fact.lines)))]
         if isinstance(fact, Finished):

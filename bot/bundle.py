@@ -118,7 +118,7 @@ def export_bundle(store: Store, run_id: str) -> Bundle:
         raise BundleError(f"run {run.id} is still {run.status}: export it once it has ended")
     events = [redactor().message(e) for e in store.events(run.id)]
     record = RunRecord.replay(run.id, events)
-    found = report(record, events)
+    found = report(record)
     asked = public_request(run, record)
     artifacts, fingerprint = record.artifacts, record.scene
     members: dict[str, bytes] = {
@@ -148,7 +148,7 @@ def export_bundle(store: Store, run_id: str) -> Bundle:
     if "sim_scenario" in artifacts:
         members["scenario.toml"] = artifacts["sim_scenario"].encode()
     members = {name: _redacted(name, data) for name, data in members.items()}
-    members[TIMELINE] = timeline.png(events, timeline.caption(run.id, run.cluster, run.decision or run.status))
+    members[TIMELINE] = timeline.png(record.launches, timeline.caption(run.id, run.cluster, run.decision or run.status))
     manifest = {
         "format": FORMAT,
         "produced_by": f"k3repro {version('k3repro')}",

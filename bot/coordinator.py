@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from bot.answers import Cancelled
 from bot.config import BotConfig
 from bot.consumer import EventCallback, ReconnectCallback, RunLost, RunRefused, accept, follow_run
 from bot.dispatcher import DispatchError, RunnerState, pick_runner, survey
@@ -177,11 +178,13 @@ class Coordinator:
             pass
         return await self.store.call(Store.get_run, run.id)
 
-    async def cancel(self, run_id: str, requested_by: str, via: str = "cli", place: str = "", by: str = "") -> str:
+    async def cancel(
+        self, run_id: str, requested_by: str, via: str = "cli", place: str = "", by: str = ""
+    ) -> Cancelled:
         """`by`: how the thread names who cancelled (Slack: a mention); `requested_by` by default."""
         run = await self.store.call(Store.get_run, run_id)
         if run.status not in ACTIVE:
-            return f"run {run.id} already ended ({run.status})"
+            return Cancelled(run.id, ended=run.status)
         async with open_channel(run.runner, self.config.tls) as channel:
             try:
                 answer = await pb_grpc.RunnerStub(channel).CancelRun(
@@ -193,7 +196,7 @@ class Coordinator:
             except grpc.aio.AioRpcError as exc:
                 raise Refused(f"cannot cancel run {run.id}: {rpc_error_text(exc)}") from None
         await self.store.call(Store.audit, requested_by, "cancel", run.id, answer.message, via, place)
-        return f"run {run.id}: {answer.message}"
+        return Cancelled(run.id, answer.message)
 
     async def note(self, cluster_name: str, what: str, by: str, via: str = "cli", place: str = "") -> Change:
         """Appends to a cluster's change log; the next run's freeze records it."""

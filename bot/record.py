@@ -18,6 +18,7 @@ from typing import Any
 from bot.store import FINAL, RUNNING, Run
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
+from runner.launches import LaunchFold, LaunchSpan
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ Fact = (
     | FirstError
     | Check
     | LadderStep
+    | pb.LaunchStarted
     | pb.LogChunk
     | pb.RequestResult
     | pb.Artifact
@@ -139,6 +141,8 @@ def fact_of(event: pb.RunEvent, stage: str = "") -> Fact | None:
         return Finished(
             to_id(pb.RunStatus, f.status), to_id(pb.Decision, f.decision), tuple(f.reasons), f.summary, f.launches
         )
+    if kind == "launch_started":
+        return event.launch_started
     if kind == "log_chunk":
         return event.log_chunk
     if kind == "request_result":
@@ -172,6 +176,7 @@ class RunRecord:
     logs: dict[str, list[str]] = field(default_factory=dict)  # by source, e.g. "minimal_launch/stdout"
     finished: Finished | None = None
     signatures: set[str] = field(default_factory=set)  # of every first error seen
+    launch_fold: LaunchFold = field(default_factory=LaunchFold, compare=False, repr=False)
 
     @classmethod
     def of(cls, run: Run) -> RunRecord:
@@ -202,6 +207,11 @@ class RunRecord:
     def first_error(self) -> FirstError | None:
         """The run's first error: that of the first stage that had one."""
         return next(iter(self.first_errors.values()), None)
+
+    @property
+    def launches(self) -> list[LaunchSpan]:
+        """Every engine launch so far, with what it reached and how it failed (runner/launches.py)."""
+        return self.launch_fold.spans
 
     @property
     def ladder(self) -> list[LadderStep]:
@@ -240,6 +250,7 @@ class RunRecord:
     def apply(self, event: pb.RunEvent) -> Fact | None:
         """Folds one event in; returns it as a fact, for the renderers that show events as they come."""
         fact = fact_of(event, self.stage)
+        self.launch_fold.apply(event)
         if isinstance(fact, StageStarted):
             self.stage, self.phase = fact.stage, ""
         elif isinstance(fact, StageResult):

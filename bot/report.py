@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from typing import Any
 
 from bot.record import RunRecord
 from protos import runner_pb2 as pb
 from protos.vocab import CHECKLIST_IDS
-from runner.launches import launches
 
 
 def run_report(run_id: str, events: list[pb.RunEvent]) -> dict[str, Any]:
     """`{"run_id", "decision", "checklist", "first_error", "ladder", "trigger_step", "candidates", "launches",
     "launch_list", "minimal_failing_command"}`."""
-    return report(RunRecord.replay(run_id, events), events)
+    return report(RunRecord.replay(run_id, events))
 
 
-def report(record: RunRecord, events: Iterable[pb.RunEvent]) -> dict[str, Any]:
-    """The report of `record`, the fold of `events` (whose launches runner/launches.py tells apart)."""
+def report(record: RunRecord) -> dict[str, Any]:
     error, failures = record.first_error, [step for step in record.ladder if step.signature]
     minimized = record.artifacts.get("minimal_failing_command")
     checks = {item: check.holds for item, check in record.checklist.items()}
@@ -54,7 +51,7 @@ def report(record: RunRecord, events: Iterable[pb.RunEvent]) -> dict[str, Any]:
                 else None,
                 "failed": {"phase": span.failure[1], "category": span.failure[2]} if span.failure else None,
             }
-            for span in launches(events)
+            for span in record.launches
         ],
         # a minimize run's result: the 1-minimal failing command, the flags shown irrelevant, every test
         "minimal_failing_command": json.loads(minimized) if minimized else None,

@@ -1,7 +1,7 @@
 """A run's timeline as one PNG: each engine launch a bar split by the phases it reached, the failure marked
-with its category, ladder steps labelled, proxy launches hatched. Drawn from the run's stored events only, so
-any run the store (or an imported bundle) holds can be drawn, long after its runner is gone. The launches are
-runner/launches.py's, the same the runner's engine-time metric counts.
+with its category, ladder steps labelled, proxy launches hatched. Drawn from the run's record (its launches,
+runner/launches.py's, the same the runner's engine-time metric counts), so any run the store (or an imported
+bundle) holds can be drawn, long after its runner is gone.
 """
 
 from __future__ import annotations
@@ -14,10 +14,8 @@ from typing import IO
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from bot.store import Run
-from protos import runner_pb2 as pb
 from protos.vocab import PHASES
-from runner.launches import LaunchSpan, launches
+from runner.launches import LaunchSpan
 
 # One colour per phase (matplotlib's tab10, in phase order), so a phase looks the same in every picture.
 COLOURS = dict(zip(PHASES, ("#7f7f7f", "#1f77b4", "#ff7f0e", "#9467bd", "#2ca02c", "#17becf"), strict=True))
@@ -25,11 +23,11 @@ OUTCOME_TEXT = {"ok": "ok", "cache_hit": "hit", "cache_miss": "miss", "not_appli
 DRAWING = threading.Lock()  # matplotlib is not thread-safe, and the bot draws each run's picture off its loop
 
 
-def draw(events: list[pb.RunEvent], path: Path | IO[bytes], title: str) -> int:
+def draw(bars: list[LaunchSpan], path: Path | IO[bytes], title: str) -> int:
     """Writes the timeline PNG to `path` (a file, or a buffer for Slack and the bundle); returns the number
     of launches drawn."""
     with DRAWING:
-        return _draw(launches(events), path, title)
+        return _draw(bars, path, title)
 
 
 def _draw(bars: list[LaunchSpan], path: Path | IO[bytes], title: str) -> int:
@@ -76,16 +74,10 @@ def _draw(bars: list[LaunchSpan], path: Path | IO[bytes], title: str) -> int:
     return len(bars)
 
 
-def write_timeline(run: Run, events: list[pb.RunEvent], path: Path) -> str:
-    """`k3repro show RUN --timeline FILE`: draws the run into `path`; returns the line that says so."""
-    drawn = draw(events, path, caption(run.id, run.cluster, run.decision or run.status))
-    return f"timeline of {drawn} launch(es) written to {path}"
-
-
-def png(events: list[pb.RunEvent], title: str) -> bytes:
+def png(bars: list[LaunchSpan], title: str) -> bytes:
     """The picture as bytes: posted in the run's thread with its verdict, and a member of its bundle."""
     buffer = io.BytesIO()
-    draw(events, buffer, title)
+    draw(bars, buffer, title)
     return buffer.getvalue()
 
 

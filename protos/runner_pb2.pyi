@@ -407,6 +407,26 @@ class Artifact(_message.Message):
     content: str
     def __init__(self, name: _Optional[str] = ..., media_type: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
+class LaunchStarted(_message.Message):
+    __slots__ = ("source", "line", "proxies", "number")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    PROXIES_FIELD_NUMBER: _ClassVar[int]
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    line: str
+    proxies: _containers.RepeatedCompositeFieldContainer[ProxyUsed]
+    number: int
+    def __init__(self, source: _Optional[str] = ..., line: _Optional[str] = ..., proxies: _Optional[_Iterable[_Union[ProxyUsed, _Mapping]]] = ..., number: _Optional[int] = ...) -> None: ...
+
+class ProxyUsed(_message.Message):
+    __slots__ = ("id", "removes")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REMOVES_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    removes: str
+    def __init__(self, id: _Optional[str] = ..., removes: _Optional[str] = ...) -> None: ...
+
 class Heartbeat(_message.Message):
     __slots__ = ("last_seq", "stage")
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -430,7 +450,7 @@ class RunFinished(_message.Message):
     def __init__(self, status: _Optional[_Union[RunStatus, str]] = ..., decision: _Optional[_Union[Decision, str]] = ..., reasons: _Optional[_Iterable[str]] = ..., summary: _Optional[str] = ..., launches: _Optional[int] = ...) -> None: ...
 
 class RunEvent(_message.Message):
-    __slots__ = ("run_id", "seq", "at", "stage_started", "stage_finished", "phase_reached", "first_error", "checklist_item", "ladder_step", "log_chunk", "request_result", "artifact", "heartbeat", "run_finished")
+    __slots__ = ("run_id", "seq", "at", "stage_started", "stage_finished", "phase_reached", "first_error", "checklist_item", "ladder_step", "log_chunk", "request_result", "artifact", "heartbeat", "run_finished", "launch_started")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
@@ -445,6 +465,7 @@ class RunEvent(_message.Message):
     ARTIFACT_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     RUN_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_STARTED_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     seq: int
     at: _timestamp_pb2.Timestamp
@@ -459,4 +480,5 @@ class RunEvent(_message.Message):
     artifact: Artifact
     heartbeat: Heartbeat
     run_finished: RunFinished
-    def __init__(self, run_id: _Optional[str] = ..., seq: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stage_started: _Optional[_Union[StageStarted, _Mapping]] = ..., stage_finished: _Optional[_Union[StageFinished, _Mapping]] = ..., phase_reached: _Optional[_Union[PhaseReached, _Mapping]] = ..., first_error: _Optional[_Union[FirstError, _Mapping]] = ..., checklist_item: _Optional[_Union[ChecklistItem, _Mapping]] = ..., ladder_step: _Optional[_Union[LadderStepResult, _Mapping]] = ..., log_chunk: _Optional[_Union[LogChunk, _Mapping]] = ..., request_result: _Optional[_Union[RequestResult, _Mapping]] = ..., artifact: _Optional[_Union[Artifact, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., run_finished: _Optional[_Union[RunFinished, _Mapping]] = ...) -> None: ...
+    launch_started: LaunchStarted
+    def __init__(self, run_id: _Optional[str] = ..., seq: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stage_started: _Optional[_Union[StageStarted, _Mapping]] = ..., stage_finished: _Optional[_Union[StageFinished, _Mapping]] = ..., phase_reached: _Optional[_Union[PhaseReached, _Mapping]] = ..., first_error: _Optional[_Union[FirstError, _Mapping]] = ..., checklist_item: _Optional[_Union[ChecklistItem, _Mapping]] = ..., ladder_step: _Optional[_Union[LadderStepResult, _Mapping]] = ..., log_chunk: _Optional[_Union[LogChunk, _Mapping]] = ..., request_result: _Optional[_Union[RequestResult, _Mapping]] = ..., artifact: _Optional[_Union[Artifact, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., run_finished: _Optional[_Union[RunFinished, _Mapping]] = ..., launch_started: _Optional[_Union[LaunchStarted, _Mapping]] = ...) -> None: ...

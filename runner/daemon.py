@@ -78,14 +78,8 @@ class RunnerDaemon:
         self._metrics_site: web.AppRunner | None = None
         if config.metrics_listen:
             active = self.hub.active
-            journal = self.journal
             self.metrics = RunnerMetrics(
-                config.name,
-                config.cluster,
-                config.engine.backend,
-                config.journal_path,
-                lambda: len(active),
-                lambda run_id: journal.events(run_id, 0),
+                config.name, config.cluster, config.engine.backend, config.journal_path, lambda: len(active)
             )
             self.hub.events.observers.append(self.metrics.observe)
         self.port = 0

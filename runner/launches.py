@@ -1,9 +1,9 @@
-"""A run's engine launches, told from its event stream: what the timeline picture draws and the engine time the
-runner's metrics count.
+"""A run's engine launches, folded event by event: the report's launch list, the timeline picture and the
+runner's engine-time metrics all read these spans (the bot's RunRecord and the runner's metrics each hold a
+fold; there is no other definition of a launch).
 
-The stream has no "launch started" event: a launch begins where the phases start again (a phase no later than
-the one last reached), or with a first error when the launch before already had one. It is alive from its
-first phase line to its last line or answer (a lower bound: the process starts a moment before it logs).
+A launch begins with its `launch_started` event; it is alive from then to its last line, phase, error or
+answer (a lower bound of its GPU time: the process lives a moment longer while it stops).
 """
 
 from __future__ import annotations
@@ -12,23 +12,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from protos import runner_pb2 as pb
-from protos.vocab import PHASES, to_id
+from protos.vocab import to_id
 
 # Events that show the launch's engine still alive (its log, its phases, its answers).
 ALIVE = ("phase_reached", "log_chunk", "first_error", "request_result", "ladder_step")
-
-
-def proxy_note(source: str, proxies: tuple[tuple[str, str], ...], line: str) -> str:
-    """How the thread, the report and the bundle label a proxy launch (one line); `proxies`: (id, what it removes)."""
-    ids, removes = " + ".join(p for p, _ in proxies), "; no ".join(r for _, r in proxies)
-    return f"{source}: {ids} (no {removes}) — {line}"
-
-
-def proxies_of(note: str) -> tuple[tuple[str, str], ...]:
-    """The (id, what it removes) pairs a `proxy_note` names."""
-    named = note.split(": ", 1)[-1].split(" — ", 1)[0]
-    ids, _, removes = named.partition(" (no ")
-    return tuple(zip(ids.split(" + "), removes.removesuffix(")").split("; no "), strict=False))
 
 
 @dataclass
@@ -37,74 +24,74 @@ class LaunchSpan:
 
     stage: str
     start: float
-    proxy: bool
+    source: str  # its log's source, which names the launch ("ladder/prefix_caching/repeat-2/proxy")
+    line: str  # the command as launched, redacted
+    proxies: tuple[tuple[str, str], ...] = ()  # a proxy launch's (id, what it removes), runner/data/proxies.toml
     end: float = 0.0
     phases: list[tuple[str, float]] = field(default_factory=list)  # (phase, reached at)
     failure: tuple[float, str, str] | None = None  # (at, phase, category) of its first error
     signature: str = ""
     steps: list[tuple[float, str, str]] = field(default_factory=list)  # (at, ladder step, outcome)
-    source: str = ""  # its log's source, which names the launch ("ladder/prefix_caching/repeat-2/proxy")
-    proxies: tuple[tuple[str, str], ...] = ()  # a proxy launch's (id, what it removes), runner/data/proxies.toml
+
+    @property
+    def proxy(self) -> bool:
+        return bool(self.proxies)
 
     @property
     def label(self) -> str:
-        if self.source:
-            name = self.source.removesuffix("/proxy")
-            return name.replace("/", ": ", 1) if name.startswith("ladder/") else name
-        if self.stage != "ladder":
-            return self.stage
-        relaunched = next((step for _, step, _ in self.steps), "")
-        return f"ladder: {relaunched}" if relaunched else "ladder: trigger step repeated"
+        name = self.source.removesuffix("/proxy")
+        return name.replace("/", ": ", 1) if name.startswith("ladder/") else name
 
     def segments(self) -> list[tuple[str, float, float]]:
         """(phase, from, to): each phase lasts until the next is reached, the last until the launch ends."""
+        if not self.phases:  # stopped before it logged a phase (a cancel): nothing to draw
+            return []
         ends = [at for _, at in self.phases[1:]] + [self.end]
         return [(phase, at, max(end, at)) for (phase, at), end in zip(self.phases, ends, strict=True)]
 
 
-def launches(events: Iterable[pb.RunEvent]) -> list[LaunchSpan]:
-    """The run's launches, in order, with what each reached, where it failed and the steps it served."""
-    spans: list[LaunchSpan] = []
-    stage = ""
-    proxy_next: tuple[tuple[str, str], ...] = ()
-    start: float | None = None
-    for event in events:
-        at = event.at.ToNanoseconds() / 1e9
-        start = at if start is None else start
-        at -= start
+class LaunchFold:
+    """The launches of one run's events, in order, with what each reached, where it failed and the steps it
+    served."""
+
+    def __init__(self) -> None:
+        self.spans: list[LaunchSpan] = []
+        self._stage = ""
+        self._start: float | None = None
+
+    @classmethod
+    def of(cls, events: Iterable[pb.RunEvent]) -> list[LaunchSpan]:
+        fold = cls()
+        for event in events:
+            fold.apply(event)
+        return fold.spans
+
+    def apply(self, event: pb.RunEvent) -> None:
         kind = event.WhichOneof("payload")
-        current = spans[-1] if spans else None
+        if kind is None or kind == "heartbeat":
+            return
+        at = event.at.ToNanoseconds() / 1e9
+        self._start = at if self._start is None else self._start
+        at -= self._start
         if kind == "stage_started":
-            stage = to_id(pb.Stage, event.stage_started.stage)
-        elif kind == "artifact" and event.artifact.name == "proxy_launch":
-            proxy_next = proxies_of(event.artifact.content)  # announced just before the launch it describes
-        elif kind == "phase_reached":
-            phase = to_id(pb.Phase, event.phase_reached.phase)
-            last = current.phases[-1][0] if current is not None and current.phases else None
-            if current is None or last is None or PHASES.index(phase) <= PHASES.index(last):
-                current = LaunchSpan(stage, at, bool(proxy_next), proxies=proxy_next)
-                spans.append(current)
-                proxy_next = ()
-            current.phases.append((phase, at))
-        elif kind == "first_error":
+            self._stage = to_id(pb.Stage, event.stage_started.stage)
+        elif kind == "launch_started":
+            started = event.launch_started
+            proxies = tuple((p.id, p.removes) for p in started.proxies)
+            self.spans.append(LaunchSpan(self._stage, at, started.source, started.line, proxies, end=at))
+        current = self.spans[-1] if self.spans else None
+        if current is None or kind not in ALIVE:
+            return
+        current.end = at
+        if kind == "phase_reached":
+            current.phases.append((to_id(pb.Phase, event.phase_reached.phase), at))
+        elif kind == "first_error" and current.failure is None:  # a later one with its signature: an update
             error = event.first_error
-            if current is not None and current.failure is not None and current.signature == error.signature:
-                current.end = at  # the same error again, updated (an OOM seen after it)
-                continue
-            if current is None or current.failure is not None:  # failed before any phase was reached
-                current = LaunchSpan(stage, at, bool(proxy_next), proxies=proxy_next)
-                spans.append(current)
-                proxy_next = ()
             phase, category = to_id(pb.Phase, error.phase), to_id(pb.ErrorCategory, error.category)
             current.failure, current.signature = (at, phase, category), error.signature
             if not current.phases:
                 current.phases.append((phase, at))
-        elif kind == "log_chunk" and current is not None and not current.source:
-            current.source = event.log_chunk.source  # a launch's log is sent after its first phase is reached
-        elif kind == "ladder_step" and current is not None:
+        elif kind == "ladder_step":
             step = event.ladder_step
             if step.outcome != pb.LADDER_OUTCOME_NOT_APPLICABLE:
                 current.steps.append((at, step.step, to_id(pb.LadderOutcome, step.outcome)))
-        if current is not None and kind in ALIVE:
-            current.end = at
-    return spans

@@ -6,9 +6,7 @@ the numbers are those of the journal and the thread, and no stage counts anythin
 
 from __future__ import annotations
 
-import contextlib
-import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -16,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
-from runner.launches import launches
+from runner.launches import LaunchFold
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Stage durations run from milliseconds (freeze, verdict) to the hour a 1T-parameter model takes to load.
@@ -31,11 +29,8 @@ class RunnerMetrics:
         backend: str,
         journal: Path,
         active: Callable[[], int],
-        events: Callable[[str], Iterable[pb.RunEvent]],
     ) -> None:
-        """`events`: a run's journaled events (its launches are told from them when it ends)."""
         self.registry = registry = CollectorRegistry()
-        self._events = events
         info = Gauge("k3repro_runner_info", "this runner (always 1)", ["name", "cluster", "backend"], registry=registry)
         info.labels(name, cluster, backend).set(1)
         self.runs = Counter(
@@ -52,7 +47,7 @@ class RunnerMetrics:
         )
         self.engine_seconds = Counter(
             "k3repro_runner_engine_alive_seconds_total",
-            "engine time of finished runs' launches, first phase line to last line or answer",
+            "engine time of finished runs' launches, from the launch to its last line or answer",
             ["kind"],
             registry=registry,
         )
@@ -90,11 +85,12 @@ class RunnerMetrics:
         active_runs.set_function(lambda: float(active()))
         self._stage_started: dict[tuple[str, int], float] = {}
         self._last_error: dict[str, tuple[int, str]] = {}
-        self._proxies: dict[str, int] = {}  # run id -> its proxy launches so far (each announced by an artifact)
+        self._launches: dict[str, LaunchFold] = {}  # run id -> the launches of the run so far
 
     def observe(self, event: pb.RunEvent) -> None:
         kind = event.WhichOneof("payload")
         at = event.at.ToNanoseconds() / 1e9
+        self._launches.setdefault(event.run_id, LaunchFold()).apply(event)
         if kind == "stage_started":
             self._stage_started[(event.run_id, event.stage_started.stage)] = at
         elif kind == "stage_finished":
@@ -109,8 +105,6 @@ class RunnerMetrics:
             if not (error.secondary_oom and self._last_error.get(event.run_id) == (error.phase, error.signature)):
                 self.first_errors.labels(to_id(pb.Phase, error.phase), to_id(pb.ErrorCategory, error.category)).inc()
             self._last_error[event.run_id] = (error.phase, error.signature)
-        elif kind == "artifact" and event.artifact.name == "proxy_launch":
-            self._proxies[event.run_id] = self._proxies.get(event.run_id, 0) + 1
         elif kind == "ladder_step":
             step = event.ladder_step
             self.ladder_steps.labels(step.step, to_id(pb.LadderOutcome, step.outcome)).inc()
@@ -118,14 +112,14 @@ class RunnerMetrics:
             finished = event.run_finished
             status, decision = to_id(pb.RunStatus, finished.status), to_id(pb.Decision, finished.decision)
             self.runs.labels(status, decision or "none").inc()
-            proxies = min(self._proxies.pop(event.run_id, 0), finished.launches)
-            self.launches.labels("full").inc(finished.launches - proxies)
+            spans = self._launches.pop(event.run_id).spans
+            proxies = sum(span.proxy for span in spans)
+            self.launches.labels("full").inc(len(spans) - proxies)
             self.launches.labels("proxy").inc(proxies)
-            with contextlib.suppress(sqlite3.Error):  # a journal that cannot be read costs this number only
-                for span in launches(self._events(event.run_id)):
-                    kind, alive = "proxy" if span.proxy else "full", max(0.0, span.end - span.start)
-                    self.engine_seconds.labels(kind).inc(alive)
-                    self.gpu_seconds.labels(kind).inc(alive * self.gpus)
+            for span in spans:
+                kind, alive = "proxy" if span.proxy else "full", max(0.0, span.end - span.start)
+                self.engine_seconds.labels(kind).inc(alive)
+                self.gpu_seconds.labels(kind).inc(alive * self.gpus)
             self._last_error.pop(event.run_id, None)
             for key in [key for key in self._stage_started if key[0] == event.run_id]:
                 del self._stage_started[key]

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import socket
 from pathlib import Path
 
 import pytest
 
+from bot.answers import cancelled
+from bot.cli import main as cli
 from bot.coordinator import Coordinator
 from bot.refusal import Refused
 from bot.store import AsyncStore, Store
@@ -184,9 +188,11 @@ async def test_second_start_points_to_the_active_run(certs: DevCerts, tmp_path: 
         await asyncio.wait_for(first_event.wait(), 30)
         with pytest.raises(Refused, match=f"already has an active run: {started.run_id}"):
             await core.start("cluster-a", "U2")
-        message = await core.cancel(started.run_id, "U1")
-        assert "cancelled" in message
+        result = await core.cancel(started.run_id, "U1")
+        assert result.run_id == started.run_id and "cancelled" in result.answer and not result.ended
         finished = await following
+        again = await core.cancel(started.run_id, "U1")  # ended: the runner is not asked, nothing is audited
+        assert (again.ended, cancelled(again)) == ("cancelled", f"run `{started.run_id}` already ended (cancelled)")
         store.close()
     assert finished.status == pb.RUN_STATUS_CANCELLED
     run = Store(config.store).get_run(started.run_id)
@@ -243,3 +249,29 @@ async def test_dispatch_skips_busy_and_unreachable_runners(certs: DevCerts, tmp_
         store.close()
         await busy.hub.cancel("elsewhere", "test over")
     assert finished.status == pb.RUN_STATUS_COMPLETED
+
+
+async def test_the_terminal_prints_the_operations_answers_in_slacks_words(
+    certs: DevCerts, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`k3repro runners`, `note` and `cancel` render the operations' typed results through bot/answers.py,
+    the lines Slack posts, without the mrkdwn marks; the terminal sees every runner's address."""
+    async with running_runner(runner_data(certs, tmp_path / "runner", scenario="demo")) as daemon:
+        config = tmp_path / "k3.toml"
+        config.write_text(
+            f'store = "{tmp_path / "k3.db"}"\n'
+            f'[tls]\nca = "{certs.ca}"\ncert = "{certs.bot_cert}"\nkey = "{certs.bot_key}"\n'
+            f'[clusters.cluster-a]\nrunners = ["127.0.0.1:{daemon.port}", "127.0.0.1:9"]\n'
+            f'image = "vllm/vllm-openai:kimi-k3"\nlaunch = "{KIMI_LAUNCH}"\n'
+        )
+        codes = [
+            await asyncio.to_thread(cli, ["--config", str(config), *argv])
+            for argv in (["runners"], ["note", "cluster-a", "driver 580.95"], ["cancel", "nosuch"])
+        ]
+    out, err = capsys.readouterr()
+    runners, noted = out.splitlines()[:2], out.splitlines()[2]
+    assert codes == [0, 0, 2]
+    assert runners[0] == f"• cluster-a 127.0.0.1:{daemon.port} gpu-test ({socket.gethostname()}) sim idle"
+    assert runners[1].startswith("• cluster-a 127.0.0.1:9 unreachable: ")
+    assert re.fullmatch(r"noted for cluster-a at \S+: driver 580\.95", noted) and "`" not in out
+    assert err.strip() == "k3repro: no run 'nosuch'"

@@ -122,7 +122,7 @@ async def test_failure_at_minimal_launch_is_repeated_and_skips_the_ladder(certs:
     assert checks["revertible_baseline"][0] == FAILS
     sources = {e.log_chunk.source for e in events if e.HasField("log_chunk")}
     assert {"minimal_launch", "minimal_launch/attempt-2"} <= sources
-    assert not any(e.artifact.name == "proxy_launch" for e in events)  # a gpu_detect failure costs seconds anyway
+    assert not any(e.launch_started.proxies for e in events)  # a gpu_detect failure costs seconds anyway
     assert not any(e.artifact.name == "enforce_eager_diagnostic" for e in events)  # NCCL is not a CUDA graph failure
 
 
@@ -246,11 +246,13 @@ async def test_the_trigger_step_is_repeated_on_a_proxy_that_shows_the_same_failu
     sources = list(dict.fromkeys(e.log_chunk.source for e in events if e.HasField("log_chunk")))
     assert sources[:3] == ["minimal_launch", "ladder/prefix_caching/proxy", "ladder/prefix_caching/confirm"]
     assert sources[-1] == "ladder/prefix_caching/repeat-2/proxy"
-    notes = [e.artifact.content for e in events if e.artifact.name == "proxy_launch"]
-    assert all(n.startswith("ladder/") for n in notes) and "/max_model_len/proxy: dummy_weights (" in notes[2]
+    proxied = [e.launch_started for e in events if e.launch_started.proxies]
+    assert all(p.source.startswith("ladder/") for p in proxied) and proxied[2].source == "ladder/max_model_len/proxy"
+    assert [p.id for p in proxied[2].proxies] == ["dummy_weights"]
     # the deployment's own --load-format gives way to dummy weights; the repeat adds fewer layers and eager
-    assert notes[-1].startswith("ladder/prefix_caching/repeat-2/proxy: dummy_weights + fewer_layers + eager (no")
-    assert "--load-format dummy" in notes[-1] and "fastsafetensors" not in notes[-1]
+    assert proxied[-1].source == "ladder/prefix_caching/repeat-2/proxy"
+    assert [p.id for p in proxied[-1].proxies] == ["dummy_weights", "fewer_layers", "eager"]
+    assert "--load-format dummy" in proxied[-1].line and "fastsafetensors" not in proxied[-1].line
     assert not any(e.artifact.name == "proxy_abandoned" for e in events)
     step = next(e.ladder_step for e in events if e.ladder_step.step == "prefix_caching")
     assert step.detail.endswith("(met on a proxy, confirmed on the real configuration)")
@@ -299,7 +301,7 @@ async def test_a_weight_load_failure_is_never_repeated_on_a_proxy(certs: DevCert
     events = await _run(certs, tmp_path, str(scenario))
     error = next(e.first_error for e in events if e.HasField("first_error"))
     assert to_id(pb.Phase, error.phase) == "weight_load"
-    assert not any(e.artifact.name == "proxy_launch" for e in events)
+    assert not any(e.launch_started.proxies for e in events)
     sources = {e.log_chunk.source for e in events if e.HasField("log_chunk")}
     assert "minimal_launch/attempt-2" in sources
 

@@ -17,7 +17,7 @@ from protos import runner_pb2 as pb
 from protos.vocab import to_id
 from runner.config import parse_runner_config
 from runner.daemon import DaemonStartError, RunnerDaemon
-from runner.launches import launches
+from runner.launches import LaunchFold
 from runner.stages.prometheus import counter_total
 from runner.tls import DevCerts
 from runner.toml_reader import ConfigError
@@ -123,10 +123,10 @@ async def test_the_runner_endpoint_counts_a_run_from_its_events(certs: DevCerts,
     finished = events[-1].run_finished
     assert (finished.decision, finished.launches) == (pb.DECISION_CONTINUE, 2)
     assert _value(samples, "k3repro_runner_runs_total", status="completed", decision="continue") == 1.0
-    proxies = sum(e.artifact.name == "proxy_launch" for e in events if e.WhichOneof("payload") == "artifact")
+    proxies = sum(len(e.launch_started.proxies) > 0 for e in events if e.WhichOneof("payload") == "launch_started")
     assert _value(samples, "k3repro_runner_launches_total", kind="proxy") == proxies
     assert _value(samples, "k3repro_runner_launches_total", kind="full") == 2.0 - proxies
-    alive = sum(span.end - span.start for span in launches(events) if not span.proxy)
+    alive = sum(span.end - span.start for span in LaunchFold.of(events) if not span.proxy)
     assert _value(samples, "k3repro_runner_engine_alive_seconds_total", kind="full") == pytest.approx(alive)
     assert alive > 0 and _value(samples, "k3repro_runner_gpus") == 8  # the demo's simulated host
     assert _value(samples, "k3repro_runner_engine_gpu_seconds_total", kind="full") == pytest.approx(alive * 8)

@@ -144,8 +144,8 @@ async def test_a_request_that_kills_the_engine_is_relaunched_and_repeated(
     assert report["launches"] == 2
     # the repeat ran on a proxy (dummy weights, one layer: real vLLM CPU takes both) and showed the same crash
     assert sources(events) == ["minimal_launch", "single_request/attempt-2/proxy"]
-    proxy = next(e.artifact.content for e in events if e.artifact.name == "proxy_launch")
-    assert "--load-format dummy" in proxy and '{"num_hidden_layers": 1}' in proxy
+    proxy = next(e.launch_started for e in events if e.launch_started.proxies)
+    assert "--load-format dummy" in proxy.line and '{"num_hidden_layers": 1}' in proxy.line
 
 
 async def test_a_config_error_at_its_ladder_step_is_the_trigger(run: Run, vllm_models: dict[str, Path]) -> None:

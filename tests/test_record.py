@@ -42,7 +42,7 @@ def test_a_stages_first_error_counts_and_a_same_line_update_marks_its_oom_second
     )
     assert first.secondary_oom and first.repeat  # the update repeats a signature already shown
     assert record.first_errors["ladder"].signature == "oom" and record.first_errors["ladder"].repeat
-    assert report(record, events)["first_error"] == {
+    assert report(record)["first_error"] == {
         "phase": "gpu_detect",
         "category": "nccl_comm",
         "line": NCCL.line,

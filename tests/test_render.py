@@ -91,6 +91,32 @@ def test_a_request_line_is_the_same_in_slack_and_in_the_terminal() -> None:
     assert slack[1:] == [f"| {expected}", "|   warning: WARNING guided_json ignored"]
 
 
+def test_a_proxy_launch_is_labelled_in_its_stage_message_and_in_the_terminal() -> None:
+    dummy = pb.ProxyUsed(id="dummy_weights", removes="reading the weights")
+    real = pb.LaunchStarted(source="ladder/long_input", line="vllm serve m --port 1", number=2)
+    proxy = pb.LaunchStarted(
+        source="ladder/concurrency/proxy", line="vllm serve m --load-format dummy --port 2", proxies=[dummy], number=3
+    )
+    events = [
+        pb.RunEvent(stage_started=pb.StageStarted(stage=pb.STAGE_LADDER)),
+        pb.RunEvent(launch_started=real),
+        pb.RunEvent(launch_started=proxy),
+    ]
+    view, renderer = RunRecord("r1"), TextRenderer()
+    printed = [line for event in events for line in renderer.lines(event) if "launch" in line]
+    for event in events:
+        view.apply(event)
+    finished = pb.StageFinished(stage=pb.STAGE_LADDER, status=pb.STAGE_STATUS_OK, summary="every step held")
+    slack = text_lines(blocks.stage_result(view, _result(finished)).blocks)
+    label = (
+        "proxy launch: ladder/concurrency/proxy: dummy_weights (no reading the weights) — "
+        "vllm serve m --load-format dummy --port 2"
+    )
+    assert slack[1:] == [label]  # the real launch is not labelled
+    assert [line.split("] ", 1)[-1].strip() for line in printed] == [label]
+    assert [span.proxy for span in view.launches] == [False, True]
+
+
 def _result(finished: pb.StageFinished) -> StageResult:
     result = fact_of(pb.RunEvent(stage_finished=finished))
     assert isinstance(result, StageResult)

@@ -1,6 +1,6 @@
 """`k3repro show RUN --timeline FILE`: a run's launches drawn from its stored events, after a real run of a sim
-scenario through the bot core; and the launch segmentation on hand-built streams (proxy, an update of the
-same first error, a failure before any phase)."""
+scenario through the bot core; and the launches of a hand-built stream (a proxy, an update of the same first
+error, a failure before any phase)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from bot.cli import main
 from bot.coordinator import Coordinator
 from bot.store import AsyncStore, Store
 from protos import runner_pb2 as pb
-from runner.launches import launches
+from runner.launches import LaunchFold
 from runner.tls import DevCerts
 from tests.k3fixtures import bot_config, runner_data, running_runner
 
@@ -39,7 +39,7 @@ async def test_a_ladder_run_is_drawn_one_bar_per_launch(
     assert capsys.readouterr().err == f"timeline of 7 launch(es) written to {picture}\n"
     height, width, _ = imread(picture).shape
     assert width > 1000 and height > 400
-    bars = launches(Store(tmp_path / "k3.db").events(run_id))
+    bars = LaunchFold.of(Store(tmp_path / "k3.db").events(run_id))
     assert [(bar.label, bar.proxy) for bar in bars] == [
         ("minimal_launch", False),
         ("ladder: prefix_caching", True),  # on dummy weights, then confirmed on the real configuration
@@ -68,7 +68,7 @@ async def test_a_ladder_run_is_drawn_one_bar_per_launch(
 
 async def test_a_repeated_start_up_failure_is_two_bars_each_marked(certs: DevCerts, tmp_path: Path) -> None:
     run_id = await _run(certs, tmp_path, "demo")
-    bars = launches(Store(tmp_path / "k3.db").events(run_id))
+    bars = LaunchFold.of(Store(tmp_path / "k3.db").events(run_id))
     assert [(bar.label, bar.failure[1:] if bar.failure else None) for bar in bars] == [
         ("minimal_launch", ("gpu_detect", "nccl_comm")),
         ("minimal_launch/attempt-2", ("gpu_detect", "nccl_comm")),
@@ -84,11 +84,13 @@ def _event(seconds: float, **payload: object) -> pb.RunEvent:
     return event
 
 
-def test_proxies_updates_and_failures_before_any_phase_are_told_apart() -> None:
+def test_each_launch_event_starts_a_bar_and_an_updated_first_error_is_not_a_second_one() -> None:
     gpu, load = pb.PHASE_GPU_DETECT, pb.PHASE_WEIGHT_LOAD
     oom = pb.FirstError(phase=load, category=pb.ERROR_CATEGORY_OOM, signature="oom")
+    dummy = pb.ProxyUsed(id="dummy_weights", removes="reading the weights")
     events = [
         _event(0, stage_started=pb.StageStarted(stage=pb.STAGE_MINIMAL_LAUNCH)),
+        _event(0.5, launch_started=pb.LaunchStarted(source="minimal_launch", number=1)),
         _event(1, phase_reached=pb.PhaseReached(phase=gpu)),
         _event(2, phase_reached=pb.PhaseReached(phase=load)),
         _event(3, first_error=oom),
@@ -96,14 +98,21 @@ def test_proxies_updates_and_failures_before_any_phase_are_told_apart() -> None:
             4,
             first_error=pb.FirstError(phase=load, category=pb.ERROR_CATEGORY_OOM, signature="oom", secondary_oom=True),
         ),
-        _event(5, artifact=pb.Artifact(name="proxy_launch", content="minimal_launch/proxy: dummy weights")),
+        _event(5, launch_started=pb.LaunchStarted(source="minimal_launch/proxy", proxies=[dummy], number=2)),
         _event(6, phase_reached=pb.PhaseReached(phase=gpu)),
         _event(7, phase_reached=pb.PhaseReached(phase=load)),
         _event(8, first_error=oom),
+        _event(8.5, launch_started=pb.LaunchStarted(source="minimal_launch/attempt-3", number=3)),
         _event(9, first_error=pb.FirstError(phase=gpu, category=pb.ERROR_CATEGORY_DRIVER_CUDA_INIT, signature="cuda")),
+        _event(10, stage_finished=pb.StageFinished(stage=pb.STAGE_MINIMAL_LAUNCH)),  # not the engine: no later end
     ]
-    bars = launches(events)
-    assert [(bar.start, bar.end, bar.proxy) for bar in bars] == [(1.0, 4.0, False), (6.0, 8.0, True), (9.0, 9.0, False)]
+    bars = LaunchFold.of(events)
+    assert [(bar.start, bar.end, bar.proxies) for bar in bars] == [
+        (0.5, 4.0, ()),
+        (5.0, 8.0, (("dummy_weights", "reading the weights"),)),
+        (8.5, 9.0, ()),
+    ]
+    assert [bar.label for bar in bars] == ["minimal_launch", "minimal_launch", "minimal_launch/attempt-3"]
     assert [bar.failure for bar in bars] == [
         (3.0, "weight_load", "oom"),
         (8.0, "weight_load", "oom"),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from bot.answers import noted
+from bot.blocks import unmarked
 from bot.commands.common import CommandError, coordinator, load_config, operator
 from bot.refusal import Refused
 
@@ -20,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     async def note() -> str:
         async with coordinator(load_config(args.config)) as core:
             change = await core.note(args.cluster, args.what, operator())
-        return f"noted for {change.cluster} at {change.at}: {change.what}"
+        return unmarked(noted(change))
 
     try:
         print(asyncio.run(note()))

@@ -11,15 +11,17 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
+from bot.answers import cancelled, runner_line
+from bot.blocks import unmarked
 from bot.bundle import public_request
 from bot.commands.common import CommandError, coordinator, load_config, operator
 from bot.config import BotConfig
 from bot.record import RunRecord
 from bot.refusal import Refused
 from bot.render import TextRenderer, run_header, terminal
-from bot.report import run_report
+from bot.report import report
 from bot.store import ACTIVE, Run, RunNotFound, Store, redacted
-from bot.timeline import write_timeline
+from bot.timeline import caption, draw
 from runner.redact import redactor
 from runner.toml_reader import ConfigError
 
@@ -71,19 +73,18 @@ def show_run(args: argparse.Namespace) -> int:
     except RunNotFound as exc:
         raise CommandError(str(exc)) from None
     events = [redactor().message(event) for event in store.events(run.id)]
+    record = RunRecord.replay(run.id, events)
     if args.timeline is not None:
         try:
-            print(write_timeline(run, events, args.timeline), file=sys.stderr)
+            drawn = draw(record.launches, args.timeline, caption(run.id, run.cluster, run.decision or run.status))
+            print(f"timeline of {drawn} launch(es) written to {args.timeline}", file=sys.stderr)
         except OSError as exc:
             raise CommandError(f"cannot write the timeline {args.timeline}: {exc.strerror or exc}") from None
     if args.json:  # json.dumps escapes control characters: the output is safe for a terminal as it is
-        shown = {
-            **redacted(asdict(run)),
-            "request_json": json.dumps(public_request(run, RunRecord.replay(run.id, events))),
-        }
+        shown = {**redacted(asdict(run)), "request_json": json.dumps(public_request(run, record))}
         payload = {
             "run": shown,
-            "report": run_report(run.id, events),  # the `demo --json` contract, for every run
+            "report": report(record),  # the `demo --json` contract, for every run
             "events": [json_format.MessageToDict(event) for event in events],
         }
         print(json.dumps(payload, indent=2))
@@ -99,7 +100,7 @@ def show_run(args: argparse.Namespace) -> int:
 def cancel_run(args: argparse.Namespace) -> int:
     async def cancel() -> str:
         async with coordinator(load_config(args.config)) as core:
-            return await core.cancel(args.run, operator())
+            return unmarked(cancelled(await core.cancel(args.run, operator())))
 
     try:
         print(asyncio.run(cancel()))
@@ -115,14 +116,8 @@ def list_runners(args: argparse.Namespace) -> int:
                 states = await core.runners(args.cluster)
             except Refused as exc:
                 raise CommandError(str(exc)) from None
-        for cluster, state in states:
-            d = state.description
-            if d is None:
-                print(f"{cluster:<14} {state.address:<24} unreachable  {state.error}")
-                continue
-            doing = f"busy: {', '.join(d.active_run_ids)}" if d.active_run_ids else "idle"
-            labels = ",".join(d.labels) or "-"
-            print(f"{cluster:<14} {state.address:<24} {d.name} ({d.hostname}) {d.backend} labels={labels} {doing}")
+        for cluster, state in states:  # the terminal is the operator's: every runner with its address
+            print(terminal(unmarked(runner_line(cluster, state, private=True))))
         return 0
 
     return asyncio.run(survey())

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bot.answers import cancelled, noted, runner_line
 from bot.blocks import ACTION_CANCEL, ACTION_MINIMIZE, ACTION_RERUN, MAX_SECTION, clip
 from bot.coordinator import Coordinator
 from bot.minimize import start_minimize
@@ -173,7 +174,9 @@ class Handlers:
     async def _do_cancel(self, request: Request, run: str) -> str:
         found = await self.store.call(Store.get_run, run)
         await self._operator(request, found.cluster)
-        return await self.core.cancel(found.id, request.user, "slack", place=request.channel, by=f"<@{request.user}>")
+        return cancelled(
+            await self.core.cancel(found.id, request.user, "slack", place=request.channel, by=f"<@{request.user}>")
+        )
 
     async def _do_rerun(self, request: Request, run: str, where: str) -> str:
         found = await self.store.call(Store.get_run, run)
@@ -191,20 +194,10 @@ class Handlers:
         return ""
 
     async def _do_runners(self, request: Request, cluster: str = "") -> str:
-        """Anyone sees each runner's name, backend and whether it is busy; its address, host name and why it
-        cannot be reached (which names the address) only the cluster's operators do: where the GPU hosts
-        listen is not for every channel member."""
+        """Each runner for anyone; where it listens only for the cluster's operators (answers.runner_line)."""
         states = await self.core.runners(cluster or None)
         operates = {name: await self.access.is_operator(self.access.cluster(name), request.user) for name, _ in states}
-        lines = []
-        for name, state in states:
-            d, where = state.description, f" `{state.address}`" if operates[name] else ""
-            if d is None:
-                lines.append(f"• {name}{where} unreachable" + (f": {state.error}" if operates[name] else ""))
-            else:
-                doing = f"busy: {', '.join(d.active_run_ids)}" if d.active_run_ids else "idle"
-                host = f" ({d.hostname})" if operates[name] else ""
-                lines.append(f"• {name}{where} {d.name}{host} {d.backend} {doing}")
+        lines = [runner_line(name, state, private=operates[name]) for name, state in states]
         if lines and not all(operates.values()):
             lines.append("_addresses are shown to the cluster's operators_")
         return "\n".join(lines) or "no runners configured"
@@ -225,7 +218,7 @@ class Handlers:
     async def _do_note(self, request: Request, cluster: str, text: str) -> str:
         await self._operator(request, cluster)
         change = await self.core.note(cluster, text, request.user, "slack", place=request.channel)
-        return f"noted for {change.cluster} at {change.at}: {change.what}"
+        return noted(change)
 
     async def _run_line(self, run: Run) -> str:
         decision = f" · {run.decision}" if run.decision else ""

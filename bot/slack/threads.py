@@ -25,7 +25,6 @@ from bot.slack.outbox import UPLOAD, Outbox, Write, file_content
 from bot.slack.tasks import TaskSet
 from bot.store import AsyncStore, Run, Store
 from protos import runner_pb2 as pb
-from runner.redact import redactor
 
 log = logging.getLogger("k3repro.slack.threads")
 
@@ -213,11 +212,10 @@ class Threads:
             )
 
     async def _timeline(self, view: RunRecord, fact: Finished) -> bytes:
-        """The run's picture from its stored events (redacted, as everything leaving the bot), drawn off the
-        event loop: matplotlib takes a few hundred ms, and the loop serves Slack's acks meanwhile."""
-        events = [redactor().message(e) for e in await self.store.call(Store.events, view.run_id)]
+        """The run's picture from its record's launches, drawn off the event loop: matplotlib takes a few
+        hundred ms, and the loop serves Slack's acks meanwhile."""
         title = timeline.caption(view.run_id, view.cluster, fact.decision or fact.status)
-        return await asyncio.to_thread(timeline.png, events, title)
+        return await asyncio.to_thread(timeline.png, list(view.launches), title)
 
     async def _upload(
         self, view: RunRecord, channel: str, key: str, filename: str, title: str, content: str | bytes

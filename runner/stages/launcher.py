@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 
 import aiohttp
 
+from protos import runner_pb2 as pb
 from runner.analyzer import ErrorFinding
-from runner.launches import proxy_note
 from runner.ports import free_port
 from runner.redact import redactor
 from runner.stages.context import Attempt, RunContext
@@ -71,9 +71,9 @@ async def launch(ctx: RunContext, command: ServeCommand, source: str) -> Launch:
     port = free_port(host)
     launched = command.with_flag("--host", host).with_flag("--port", str(port))
     line = shell_line(launched)
-    if used:
-        await ctx.artifact("proxy_launch", proxy_note(source, tuple((p.id, p.removes) for p in used), line))
     ctx.launches += 1
+    proxies = [pb.ProxyUsed(id=p.id, removes=p.removes) for p in used]
+    await ctx.emit(launch_started=pb.LaunchStarted(source=source, line=line, proxies=proxies, number=ctx.launches))
     ctx.running_proxies = tuple(p.id for p in used)
     starting = asyncio.ensure_future(ctx.backend.launch(launched.argv(), run_id=ctx.run_id, image=ctx.request.image))
     try:
