@@ -29,6 +29,14 @@ def _start(run_id: str, launch: str = KIMI_LAUNCH, image: str = "vllm/vllm-opena
     return pb.StartRunRequest(run_id=run_id, cluster="cluster-a", image=image, launch_argv=launch.split())
 
 
+def _minimize(**target: object) -> pb.StartRunRequest:
+    """A minimize request whose trigger lacks what the runner needs to know the failure again."""
+    request = _start("r1")
+    fields = {"original_run_id": "r0", "step": "prefix_caching", "phase": pb.PHASE_REQUEST, "signature": "x"}
+    request.minimize.CopyFrom(pb.Minimize(**{**fields, **target}))
+    return request
+
+
 async def test_describe_health_and_reflection_over_mtls(certs: DevCerts, tmp_path: Path) -> None:
     async with running_runner(runner_data(certs, tmp_path)) as daemon:
         async with open_channel(f"127.0.0.1:{daemon.port}", _tls(certs)) as channel:
@@ -85,6 +93,12 @@ async def test_client_certificate_from_another_ca_is_refused(
             pb.StartRunRequest(run_id="r1", cluster="cluster-a", image="vllm/vllm-openai:kimi-k3", profile="nope"),
             grpc.StatusCode.INVALID_ARGUMENT,
             "unknown baseline profile 'nope' (known: kimi-k3)",
+        ),
+        # the runner checks a minimize request itself (the bot refuses these first): a step the ladder does not
+        # have, or a trigger without its phase or signature, could never be told from another failure
+        *(
+            (_minimize(**target), grpc.StatusCode.INVALID_ARGUMENT, "minimize needs the trigger step")
+            for target in ({"step": "warp_drive"}, {"phase": pb.PHASE_UNSPECIFIED}, {"signature": ""})
         ),
     ],
 )
