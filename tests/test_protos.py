@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.record import fact_of
 from protos import runner_pb2 as pb
 from protos import vocab
 from protos.generate import OUTPUTS, ROOT, generate
@@ -50,5 +51,9 @@ def test_every_event_payload_is_in_the_oneof() -> None:
     names = {field.name for field in pb.RunEvent.DESCRIPTOR.oneofs_by_name["payload"].fields}
     assert names == {
         "stage_started", "stage_finished", "phase_reached", "first_error", "checklist_item", "ladder_step",
-        "log_chunk", "request_result", "artifact", "heartbeat", "run_finished",
+        "log_chunk", "request_result", "artifact", "heartbeat", "run_finished", "launch_started",
     }  # fmt: skip
+    for name in names - {"heartbeat"}:  # every kind is taught to the one fold of a run's events (bot/record.py)
+        event = pb.RunEvent()
+        getattr(event, name).SetInParent()
+        assert fact_of(event) is not None, name
