@@ -11,9 +11,6 @@ import threading
 from pathlib import Path
 from typing import IO
 
-from matplotlib.figure import Figure
-from matplotlib.patches import Patch
-
 from protos.vocab import PHASES
 from runner.launches import LaunchSpan
 
@@ -31,6 +28,10 @@ def draw(bars: list[LaunchSpan], path: Path | IO[bytes], title: str) -> int:
 
 
 def _draw(bars: list[LaunchSpan], path: Path | IO[bytes], title: str) -> int:
+    # matplotlib takes ~0.5 s to import: only a command that draws pays for it, not every `k3repro` call
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
     figure = Figure(figsize=(12, 1.6 + 0.55 * max(1, len(bars))), dpi=110, layout="constrained")
     axes = figure.subplots()
     span = max([bar.end for bar in bars], default=1.0) or 1.0

@@ -21,7 +21,6 @@ from bot.render import run_header
 from bot.report import run_report
 from bot.store import Store
 from runner.config import parse_runner_config
-from runner.daemon import RunnerDaemon
 from runner.sim.catalog import catalog
 from runner.sim.scenario import load_scenario, scenario_path
 from runner.tls import write_dev_certs
@@ -112,6 +111,8 @@ async def demo(
     if launch is not None:
         _on_this_host(data, launch)
     runner_data["engine"].update(engine_settings or {})  # the bench's plans ([engine] keys of runner.toml)
+    from runner.daemon import RunnerDaemon  # the runner's gRPC server only where the demo runs one
+
     daemon = RunnerDaemon(parse_runner_config(runner_data, base=workdir, origin="demo runner"))
     port = await daemon.start()
     try:

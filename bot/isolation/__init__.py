@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from bot.config import BotConfig, ClusterConfig
 from bot.isolation.base import IsolationError, Placement, Provider
-from bot.isolation.kubernetes import KubernetesProvider
 from bot.isolation.slurm import SlurmProvider
 from bot.isolation.static import StaticProvider
 
@@ -20,5 +19,7 @@ def make_provider(config: BotConfig, cluster: ClusterConfig) -> Provider:
     if isolation.provider == "slurm":
         return SlurmProvider(isolation)
     if isolation.provider == "kubernetes":
+        from bot.isolation.kubernetes import KubernetesProvider  # lightkube only where a cluster uses Kubernetes
+
         return KubernetesProvider(isolation)
     return StaticProvider(config, cluster, isolation)
