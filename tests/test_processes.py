@@ -182,7 +182,7 @@ async def test_a_cli_killed_mid_run_does_not_leave_its_cluster_active(certs: Dev
 
     port = _free_port()
     runner_toml = _runner_toml(certs, tmp_path, port)
-    runner_toml.write_text(runner_toml.read_text().replace("speed = 1\n", "speed = 40\n"))  # a run: ~8 s
+    runner_toml.write_text(runner_toml.read_text().replace("speed = 1\n", "speed = 80\n"))  # a run: ~4 s
     daemon = subprocess.Popen(
         [BIN / "k3repro-runner", "serve", "--config", runner_toml], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -217,9 +217,8 @@ async def test_a_cli_killed_mid_run_does_not_leave_its_cluster_active(certs: Dev
 
             second = _killed_mid_run(config)
             await asyncio.wait_for(ended(stub, second), 120)
-            third = cli("start", "cluster-a")  # start settles the stale row itself
-            assert third.returncode == 0, third.stderr
-            assert third.stdout.startswith("run ") and third.stdout.split()[1] not in (first, second)
+            third = _killed_mid_run(config)  # start settles the stale row itself, and its run is accepted
+            assert third not in (first, second) and third in await _active_on_runner(stub)
             assert Store(tmp_path / "k3.db").get_run(second).status == "completed"
     finally:
         daemon.kill()
