@@ -16,18 +16,22 @@ from dataclasses import dataclass
 from typing import Any
 
 JITTER_S = 1.0  # the wall seconds a scaled clock's limits allow for a loaded machine not scheduling a process
+POLL_FLOOR_S = 0.02  # the shortest wall interval between two looks: looking costs the machine's time, not the engine's
 
 
 @dataclass(frozen=True)
 class Clock:
     """`speed` times the wall clock; `Clock()` is the wall clock itself, `Clock.scaled(speed)` the simulator's.
 
-    Two kinds of waits. A pause (a poll interval, a settle, a chunk's interval) lasts exactly its clock
-    seconds. A limit, whose end is read as news about the engine (a ready deadline, a stall or request time-out,
-    the moment a failed answer gives the log to show why, a stop's grace, a drain), lasts its clock seconds plus
-    `slack_s` of the wall clock: scheduling jitter is wall time, added to whatever the engine does, and at speed
-    200 half a second of a loaded machine not running the simulator is 100 s of engine time that must not read
-    as a hang. The wall clock needs no slack (its limits are minutes, a stall is a rounding error).
+    Three kinds of waits. A pause (a settle) lasts exactly its clock seconds. A poll (how often the runner looks:
+    for readiness, for a log chunk to send, for leftover memory to drain) lasts its clock seconds but never under
+    POLL_FLOOR_S of the wall clock: looking costs the machine's time, and at speed 2000 a 0.25 s poll would be a
+    busy loop starving the engine it waits for. A limit, whose end is read as news about the engine (a ready
+    deadline, a stall or request time-out, the moment a failed answer gives the log to show why, a stop's grace, a
+    drain), lasts its clock seconds plus `slack_s` of the wall clock: scheduling jitter is wall time, added to
+    whatever the engine does, and at speed 200 half a second of a loaded machine not running the simulator is
+    100 s of engine time that must not read as a hang. The wall clock needs no slack (its limits are minutes, a
+    stall is a rounding error).
     """
 
     speed: float = 1.0
@@ -51,6 +55,17 @@ class Clock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, self.wall(seconds)))
+
+    async def poll(self, seconds: float, futures: Iterable[asyncio.Future[Any]] = ()) -> bool:
+        """Waits `seconds` of this clock between two looks, never under POLL_FLOOR_S of the wall clock (or until
+        one of `futures`); True when one is done."""
+        pending = list(futures)
+        interval = max(POLL_FLOOR_S, self.wall(seconds))
+        if not pending:
+            await asyncio.sleep(interval)
+            return False
+        done, _ = await asyncio.wait(pending, timeout=interval)
+        return bool(done)
 
     async def wait(self, futures: Iterable[asyncio.Future[Any]], seconds: float) -> bool:
         """Waits up to `seconds` of this clock for one of `futures`; True when one is done."""

@@ -753,6 +753,39 @@ async def test_openai_endpoints_usage_and_errors(sim: StartSim, http: aiohttp.Cl
     assert '"POST /v1/chat/completions HTTP/1.1" 404 Not Found' in out.stdout
 
 
+async def test_http_on_the_wire_is_uvicorns(sim: StartSim, http: aiohttp.ClientSession) -> None:
+    """Status lines with reasons, keep-alive with pipelined requests, HEAD refused without a body, a malformed
+    request answered 400 and the connection closed, and the server serving on after all of it."""
+    process = sim(["org/model"])
+    await process.ready(http)
+
+    def exchange(data: bytes, wait: float = 0.3) -> bytes:
+        with socket.create_connection(("127.0.0.1", process.port), timeout=5) as conn:
+            conn.sendall(data)
+            time.sleep(wait)
+            conn.shutdown(socket.SHUT_WR)
+            answer = b""
+            while chunk := conn.recv(65536):
+                answer += chunk
+        return answer
+
+    pipelined = await asyncio.to_thread(
+        exchange, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /version HTTP/1.1\r\nHost: x\r\n\r\n"
+    )
+    assert pipelined.count(b"HTTP/1.1 200 OK\r\n") == 2 and pipelined.endswith(b'{"version":"0.32.0"}')
+    assert b"\r\nserver: uvicorn\r\n" in pipelined and b"\r\ndate: " in pipelined
+    head = await asyncio.to_thread(exchange, b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 405 Method Not Allowed\r\n") and head.endswith(b"\r\n\r\n")
+    malformed = await asyncio.to_thread(exchange, b"NOT HTTP AT ALL\r\n\r\n")
+    assert malformed.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"connection: close" in malformed
+    cut = await asyncio.to_thread(exchange, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{", 0.05)
+    assert cut == b""  # the client went mid-body: nothing to answer
+    async with http.post(f"{process.url}/tokenize", json={"prompt": "still serving"}) as response:
+        assert response.status == 200 and (await response.json())["count"] > 0
+    out = process.stop()
+    assert out.code == 0 and "Traceback" not in out.stdout + out.stderr
+
+
 @pytest.mark.parametrize("caching", [True, False])
 async def test_prefix_cache_counters_follow_vllm(sim: StartSim, http: aiohttp.ClientSession, caching: bool) -> None:
     args = ["org/model", "--enforce-eager"] + ([] if caching else ["--no-enable-prefix-caching"])

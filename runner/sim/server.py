@@ -1,4 +1,4 @@
-"""vLLM's OpenAI-compatible HTTP API, served by aiohttp on the socket bound during start-up.
+"""vLLM's OpenAI-compatible HTTP API, served (runner/sim/http.py) on the socket bound during start-up.
 
 Bodies, status codes, error texts and headers follow vLLM 0.32 (FastAPI on uvicorn) as its CPU build answers
 the same requests (tests/test_sim_follows_real.py compares them), including the uvicorn access log line, so a
@@ -9,26 +9,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
 from typing import Any
-
-from aiohttp import web
-from aiohttp.abc import AbstractAccessLogger
 
 from runner.sim.catalog import Catalog
 from runner.sim.datafiles import load
 from runner.sim.engine import Engine, EngineDeadError, FaultResponseError, Generation
+from runner.sim.http import HttpServer, Request, Response, json_response
 from runner.sim.logwriter import LogWriter, Procs
 from runner.sim.metrics import CONTENT_TYPE, Metrics
 from runner.sim.sizing import VERSION, Facts
 from runner.sim.tokenizer import chat_prompt, detokenize, token_id, token_of, tokenize
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class BadRequestError(Exception):
@@ -40,36 +35,17 @@ class BadRequestError(Exception):
         self.names = names
 
 
-def _access_logger(log: LogWriter, procs: Procs) -> type[AbstractAccessLogger]:
+def _access_line(log: LogWriter) -> Callable[[Request, int], None]:
     template = load("log.toml")["access"]["text"]
 
-    class AccessLogger(AbstractAccessLogger):
+    def access(request: Request, status: int) -> None:
         """uvicorn's access line: client address, request line, status and reason phrase."""
+        line = f"{request.method} {request.target} HTTP/{request.version}"
+        reason = HTTPStatus(status).phrase
+        text = template.format(client=request.peer, request_line=line, status=status, reason=reason)
+        log.write("stdout", text + "\n")  # uvicorn's access logger: no process prefix
 
-        def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-            peer = request.transport.get_extra_info("peername") if request.transport else None
-            client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "-"
-            line = f"{request.method} {request.path_qs} HTTP/{request.version.major}.{request.version.minor}"
-            reason = HTTPStatus(response.status).phrase
-            text = template.format(client=client, request_line=line, status=response.status, reason=reason)
-            log.write("stdout", text + "\n")  # uvicorn's access logger: no process prefix
-
-    return AccessLogger
-
-
-@web.middleware
-async def _fastapi_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """FastAPI's bodies for unknown paths and methods, where aiohttp would answer in plain text."""
-    try:
-        return await handler(request)
-    except web.HTTPNotFound:
-        return _json_response({"detail": "Not Found"}, status=404)
-    except web.HTTPMethodNotAllowed:
-        return _json_response({"detail": "Method Not Allowed"}, status=405)
-
-
-async def _uvicorn_headers(request: web.Request, response: web.StreamResponse) -> None:
-    response.headers["server"] = "uvicorn"
+    return access
 
 
 class ApiServer:
@@ -84,38 +60,35 @@ class ApiServer:
         self._created = int(time.time())
         seed = f"{facts.settings.model}|{facts.settings.served_model_name}".encode()
         self._fingerprint = f"vllm-{VERSION}-{hashlib.sha256(seed).hexdigest()[:8]}"
-        app = web.Application(middlewares=[_fastapi_errors])
-        app.on_response_prepare.append(_uvicorn_headers)
-        app.router.add_get("/health", self._health, allow_head=False)
-        app.router.add_route("*", "/ping", self._health)
-        app.router.add_get("/version", self._version, allow_head=False)
-        app.router.add_get("/v1/models", self._models, allow_head=False)
-        app.router.add_get("/metrics", self._render_metrics, allow_head=False)
-        app.router.add_post("/tokenize", self._tokenize)
-        app.router.add_post("/detokenize", self._detokenize)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/completions", self._completions)
-        self._runner = web.AppRunner(
-            app,
-            access_log_class=_access_logger(log, procs),
-            access_log=None if facts.settings.disable_access_log else logging.getLogger("uvicorn.access"),
+        self._http = HttpServer(
+            {
+                "/health": {"GET": self._health},
+                "/ping": {"*": self._health},
+                "/version": {"GET": self._version},
+                "/v1/models": {"GET": self._models},
+                "/metrics": {"GET": self._render_metrics},
+                "/tokenize": {"POST": self._tokenize},
+                "/detokenize": {"POST": self._detokenize},
+                "/v1/chat/completions": {"POST": self._chat},
+                "/v1/completions": {"POST": self._completions},
+            },
+            None if facts.settings.disable_access_log else _access_line(log),
         )
 
     async def start(self, sock: socket.socket) -> None:
         """Starts accepting on the socket bound at start-up (this is when connects stop being refused)."""
-        await self._runner.setup()
-        await web.SockSite(self._runner, sock, shutdown_timeout=0.5).start()
+        await self._http.start(sock)
 
     async def stop(self) -> None:
-        await self._runner.cleanup()
+        await self._http.stop()
 
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(status=503 if self._engine.dead.is_set() else 200)
+    async def _health(self, request: Request) -> Response:
+        return Response(503 if self._engine.dead.is_set() else 200)
 
-    async def _version(self, request: web.Request) -> web.Response:
-        return _json_response({"version": VERSION})
+    async def _version(self, request: Request) -> Response:
+        return json_response({"version": VERSION})
 
-    async def _models(self, request: web.Request) -> web.Response:
+    async def _models(self, request: Request) -> Response:
         settings = self._facts.settings
         card = {
             "id": settings.served_model_name,
@@ -142,12 +115,12 @@ class ApiServer:
                 }
             ],
         }
-        return _json_response({"object": "list", "data": [card]})
+        return json_response({"object": "list", "data": [card]})
 
-    async def _render_metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self._metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
+    async def _render_metrics(self, request: Request) -> Response:
+        return Response(200, self._metrics.render().encode(), CONTENT_TYPE)
 
-    async def _tokenize(self, request: web.Request) -> web.Response:
+    async def _tokenize(self, request: Request) -> Response:
         """vLLM's /tokenize: the exact count of a prompt or a chat (with its template), never refused for length."""
         try:
             body = await _json_body(request)
@@ -167,9 +140,9 @@ class ApiServer:
             "tokens": [token_id(token) for token in prompt],
             "token_strs": strs,
         }
-        return _json_response(answer)
+        return json_response(answer)
 
-    async def _detokenize(self, request: web.Request) -> web.Response:
+    async def _detokenize(self, request: Request) -> Response:
         try:
             body = await _json_body(request)
             self._check_model(body)
@@ -178,24 +151,24 @@ class ApiServer:
         ids = body.get("tokens")
         if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
             return self._error(_validation(body, [("missing", "body.tokens")]), "tokenize")
-        return _json_response({"prompt": detokenize([token_of(i) for i in ids])})
+        return json_response({"prompt": detokenize([token_of(i) for i in ids])})
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    async def _chat(self, request: Request) -> Response:
         return await self._generate(request, chat=True)
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
+    async def _completions(self, request: Request) -> Response:
         return await self._generate(request, chat=False)
 
-    def _error(self, refused: BadRequestError, route: str) -> web.Response:
+    def _error(self, refused: BadRequestError, route: str) -> Response:
         """The error's body, and the line vLLM logs for it on this route."""
         status, body = self._catalog.http_body(refused.key, **refused.names)
         line = self._catalog.http_log(refused.key, route, str(body["error"]["message"]))  # type: ignore[index]
         if line is not None:
             level, file, text = line
             self._log.log(self._procs.api, level, file, text)
-        return _json_response(body, status=status)
+        return json_response(body, status=status)
 
-    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+    async def _generate(self, request: Request, *, chat: bool) -> Response:
         route = "chat" if chat else "completion"
         try:
             body, generation = await self._accept(request, chat=chat)
@@ -204,7 +177,7 @@ class ApiServer:
         if self._engine.dead.is_set():
             return self._error(BadRequestError("engine_dead"), route)
         if body.get("stream") is True:
-            return await self._stream(request, body, generation, chat=chat)
+            return self._stream(body, generation, chat=chat)
         try:
             tokens = [token async for token in self._engine.run(generation)]
         except EngineDeadError:
@@ -239,7 +212,7 @@ class ApiServer:
         if chat:
             payload.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
         payload.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
-        return _json_response(payload)
+        return json_response(payload)
 
     def _head(self, chat: bool, *, streaming: bool) -> dict[str, Any]:
         kind = ("chat.completion" if chat else "text_completion") + (".chunk" if streaming and chat else "")
@@ -256,7 +229,7 @@ class ApiServer:
         if body.get("model") not in (None, served):
             raise BadRequestError("model_not_found", model=body["model"], aliases=served)
 
-    async def _accept(self, request: web.Request, *, chat: bool) -> tuple[dict[str, Any], Generation]:
+    async def _accept(self, request: Request, *, chat: bool) -> tuple[dict[str, Any], Generation]:
         """The validated request, checked in vLLM's order: its body and what the engine is to generate for it."""
         body = await _json_body(request)
         if chat and "messages" not in body:
@@ -336,17 +309,18 @@ class ApiServer:
         model = self._facts.scenario.model
         return tokenize(chat_prompt(turns, model.chat_turn, model.chat_generation_prompt if generation_prompt else ""))
 
-    async def _stream(
-        self, request: web.Request, body: dict[str, Any], generation: Generation, *, chat: bool
-    ) -> web.StreamResponse:
+    def _stream(self, body: dict[str, Any], generation: Generation, *, chat: bool) -> Response:
+        return Response(
+            200, content_type="text/event-stream; charset=utf-8", stream=self._events(body, generation, chat=chat)
+        )
+
+    async def _events(self, body: dict[str, Any], generation: Generation, *, chat: bool) -> AsyncIterator[bytes]:
         """Server-sent events as vLLM streams them: deltas (the last one carries finish_reason), usage on
         request, [DONE]."""
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
-        await response.prepare(request)
         head = self._head(chat, streaming=True)
 
-        async def send(payload: object) -> None:
-            await response.write(f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode())
+        def send(payload: object) -> bytes:
+            return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
         def chunk(piece: str, finish: str | None) -> dict[str, Any]:
             choice: dict[str, Any] = {"index": 0}
@@ -363,39 +337,32 @@ class ApiServer:
         if chat:
             first = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
             first["choices"][0].update(logprobs=None, finish_reason=None)
-            await send({**first, "prompt_token_ids": None, "prompt_text": None})
+            yield send({**first, "prompt_token_ids": None, "prompt_text": None})
         sent, tokens, held = "", [], None
         try:
             async for token in self._engine.run(generation):
                 tokens.append(token)
                 text = detokenize(tokens)
                 if held is not None:
-                    await send(chunk(held, None))
+                    yield send(chunk(held, None))
                 held, sent = text[len(sent) :], text
-            await send(chunk(held or "", generation.finish_reason))
+            yield send(chunk(held or "", generation.finish_reason))
             options = body.get("stream_options")
             if isinstance(options, dict) and options.get("include_usage"):
                 usage = {**head, "choices": [], "usage": _usage(generation), "system_fingerprint": self._fingerprint}
-                await send(usage)
+                yield send(usage)
         except EngineDeadError:
             _, error = self._catalog.http_body("engine_dead")
-            await send(error)
+            yield send(error)
         except FaultResponseError as fault:
             _, error = self._catalog.http_body("fault_response", message=str(fault))
-            await send(error)
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
+            yield send(error)
+        yield b"data: [DONE]\n\n"
 
 
-def _json_response(data: object, *, status: int = 200) -> web.Response:
-    """JSON as FastAPI writes it: compact."""
-    return web.json_response(data, status=status, dumps=lambda value: json.dumps(value, separators=(",", ":")))
-
-
-async def _json_body(request: web.Request) -> dict[str, Any]:
+async def _json_body(request: Request) -> dict[str, Any]:
     """The request's JSON object, or FastAPI's validation error for what it got instead."""
-    text = await request.text()
+    text = request.text()
     if not text.strip():
         raise _validation(None, [("missing", "body")])
     try:

@@ -106,7 +106,7 @@ async def _guard_gpu_memory(ctx: RunContext) -> None:
         processes = view.processes if view.available else ()
         if not processes or ctx.clock.now() >= deadline:
             break
-        await ctx.clock.sleep(DRAIN_POLL_S)
+        await ctx.clock.poll(DRAIN_POLL_S)
     if view.available and view.driver_version:
         ctx.drivers.append(view.driver_version)
     per_pid: dict[int, list[int]] = {}
@@ -173,7 +173,7 @@ async def _until_ready(ctx: RunContext, follower: LogFollower) -> tuple[bool, st
                     f"not ready after {engine_config.ready_timeout_s:.0f} s",
                     Attempt(phase, "other", f"not ready in {phase}"),
                 )
-            await clock.wait([follower.first_error], POLL_S)
+            await clock.poll(POLL_S, [follower.first_error])
 
 
 async def healthy(http: aiohttp.ClientSession, base_url: str) -> bool:

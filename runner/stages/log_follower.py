@@ -77,7 +77,7 @@ class LogFollower:
 
     async def _flush_periodically(self) -> None:
         while True:
-            await self.clock.sleep(CHUNK_INTERVAL_S / 2)
+            await self.clock.poll(CHUNK_INTERVAL_S / 2)
             if self._pending and self.clock.now() - self._pending_since >= CHUNK_INTERVAL_S:
                 await self._flush()
 
