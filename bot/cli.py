@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sqlite3
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from runner.toml_reader import ConfigError
 COMMANDS = (start, runs, note, rerun, minimize, bundle, demo, dev_certs, analyze, fingerprint, check, diff)
 
 
+@functools.cache  # built once: argparse looks up a translation on disk for every help text it adds
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="k3repro", description="Reproduce vLLM serving failures one change at a time."

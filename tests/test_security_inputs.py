@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,15 @@ from runner.tls import DevCerts
 BIN = Path(sys.executable).parent
 RUNNER_HEAD = 'name = "r"\ncluster = "cluster-a"\nallowed_images = ["vllm/vllm-openai:*"]\n'
 SIM = '[engine]\nbackend = "sim"\n'
+
+
+def _run_all(commands: Sequence[Sequence[str | Path]]) -> list[subprocess.CompletedProcess[str]]:
+    """The commands, each its own process as a user would type it, a few at a time (each waits on its own)."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        runs = [
+            pool.submit(subprocess.run, command, capture_output=True, text=True, timeout=60) for command in commands
+        ]
+        return [run.result() for run in runs]
 
 
 def _one_line(result: subprocess.CompletedProcess[str], prog: str) -> str:
@@ -47,12 +58,11 @@ def test_the_runner_refuses_bad_configs_and_start_ups_in_one_line(certs: DevCert
         "cert not PEM": RUNNER_HEAD + _tls(certs, tmp_path / "not.pem") + SIM,
         "unknown address": RUNNER_HEAD + 'listen = "203.0.113.9:0"\n' + SIM,
     }
+    paths = []
     for name, text in cases.items():
-        path = tmp_path / f"{name.replace(' ', '-')}.toml"
+        paths.append(path := tmp_path / f"{name.replace(' ', '-')}.toml")
         path.write_text(text)
-        result = subprocess.run(
-            [BIN / "k3repro-runner", "serve", "--config", path], capture_output=True, text=True, timeout=60
-        )
+    for result in _run_all([[BIN / "k3repro-runner", "serve", "--config", path] for path in paths]):
         _one_line(result, "k3repro-runner")
 
 
@@ -75,18 +85,21 @@ def test_the_cli_refuses_bad_input_in_one_line(certs: DevCerts, tmp_path: Path) 
         ),
         "bad timeout": ('store = "k.db"\nconnect_timeout_s = 0\n' + cluster + 'launch = "vllm serve m"\n', ["runs"]),
     }
+    commands: list[list[str | Path]] = []
     for name, (text, args) in configs.items():
         path = tmp_path / f"{name.replace(' ', '-')}.toml"
         path.write_text(text)
-        result = subprocess.run([BIN / "k3repro", "--config", path, *args], capture_output=True, text=True, timeout=60)
+        commands.append([BIN / "k3repro", "--config", path, *args])
+    speeds = ("0", "-5", "nan", "fast")
+    commands += [[BIN / "k3repro", "demo", "--speed", speed] for speed in speeds]
+    launches = (("vllm serve 'unbalanced", "--launch: No closing quotation"), ("", "--launch: empty command"))
+    commands += [[BIN / "k3repro", "demo", "--launch", launch] for launch, _ in launches]
+    results = _run_all(commands)
+    for result in results[: len(configs)]:
         _one_line(result, "k3repro")
     assert not (tmp_path / "k.db").exists()  # nothing was created by a refused command
-    for speed in ("0", "-5", "nan", "fast"):
-        result = subprocess.run([BIN / "k3repro", "demo", "--speed", speed], capture_output=True, text=True, timeout=60)
+    for result in results[len(configs) : len(configs) + len(speeds)]:
         assert result.returncode == 2 and "Traceback" not in result.stderr and "--speed" in result.stderr
-    for launch, said in (("vllm serve 'unbalanced", "--launch: No closing quotation"), ("", "--launch: empty command")):
-        result = subprocess.run(
-            [BIN / "k3repro", "demo", "--launch", launch], capture_output=True, text=True, timeout=60
-        )
+    for result, (_, said) in zip(results[len(configs) + len(speeds) :], launches, strict=True):
         _one_line(result, "k3repro")
         assert said in result.stderr

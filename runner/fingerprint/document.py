@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,7 @@ def rules() -> Rules:
     )
 
 
+@lru_cache(maxsize=8192)  # sealing a scene asks for each of its hundreds of paths
 def _covered(path: FieldPath, patterns: tuple[FieldPath, ...]) -> bool:
     """A pattern covers a path when it matches the path's leading segments, `*` one segment each."""
     return any(

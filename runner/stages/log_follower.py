@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
+import re
+from collections import Counter, deque
 from dataclasses import replace
 
 from protos import runner_pb2 as pb
@@ -19,6 +20,9 @@ from runner.stages.context import Emit
 CHUNK_LINES = 200  # a log chunk is sent when this many lines wait ...
 CHUNK_INTERVAL_S = 1.0  # ... or this long after its first line
 ERROR_WAIT_S = 3.0  # after a failed answer, how long the engine's log gets to show why (a limit)
+# uvicorn's access line, written on stdout as the response starts, after every line vLLM (also on stdout) logged
+# for the request: once it has been read, so have they (reference/vllm.md §2)
+ACCESS_LINE = re.compile(r'"[A-Z]+ (?P<path>[^ ?"]+)\S* HTTP/[\d.]+" \d{3}')
 
 
 class LogFollower:
@@ -36,6 +40,8 @@ class LogFollower:
         self._pending_since = 0.0
         self._fed = 0  # lines given to the analyzer (its findings carry the line number)
         self._stop_line: int | None = None  # lines fed when the runner began to stop the engine
+        self._answered: Counter[str] = Counter()  # access lines read, by request path
+        self._access = asyncio.Event()  # set (and cleared) on each access line
         self._task = asyncio.create_task(self._follow())
 
     def stopping(self) -> None:
@@ -66,6 +72,10 @@ class LogFollower:
                     await self._found(finding)
                 if self.analyzer.last_level == "WARNING":
                     self.warnings.append(text)
+                if (access := ACCESS_LINE.search(text)) is not None:
+                    self._answered[access["path"]] += 1
+                    self._access.set()
+                    self._access.clear()
             for finding in self.analyzer.close():
                 await self._found(finding)
             await self._oom_seen_later()
@@ -99,6 +109,20 @@ class LogFollower:
         await self._flush()
         await self._emit(first_error=first_error_message(finding))
         self.first_error.set_result(finding)
+
+    def answered(self, path: str) -> int:
+        """How many answers on `path` the log has shown (uvicorn's access lines read so far)."""
+        return self._answered[path]
+
+    async def until_answered(self, path: str, seen: int, timeout_s: float) -> None:
+        """Waits until the log shows one more answer on `path` than `seen` (then every line the engine logged
+        before it has been read), at most `timeout_s` wall seconds: without an access log, or when nothing
+        answered, the whole time."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self._answered[path] <= seen and not self.ended and (left := deadline - loop.time()) > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._access.wait(), left)
 
     async def wait_first_error(self) -> None:
         """Gives the log a moment to show the first error (a failed answer usually comes before it)."""

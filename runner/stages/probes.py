@@ -18,7 +18,7 @@ DEFAULT_BODY: dict[str, Any] = {
     "temperature": 0,
 }
 MAX_WARNINGS = 5
-LOG_SETTLE_S = 0.05  # wall seconds: the pipe's latency, not the engine's (its time is ctx.clock)
+LOG_SETTLE_S = 0.05  # wall seconds the pipe may lag an answer (not the engine's time): the most it is waited
 MAX_WARNING_CHARS = 500
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 FILLER = "The quick brown fox jumps over the lazy dog while the cluster keeps serving tokens."
@@ -134,12 +134,14 @@ async def send(http: aiohttp.ClientSession, ctx: RunContext, body: dict[str, Any
     result = pb.RequestResult(attempt=attempt, max_tokens=int(body.get("max_tokens") or 0))
     result.gpu_memory_before_mib = await gpu_memory_in_use(ctx)
     logged = len(ctx.follower.warnings) if ctx.follower is not None else 0
+    path = PATHS[api(ctx)]
+    answers = ctx.follower.answered(path) if ctx.follower is not None else 0
     clock = ctx.clock
     started = clock.now()
     timeout = aiohttp.ClientTimeout(total=clock.wall(clock.limit(ctx.config.engine.request_timeout_s)))
     try:
         async with http.post(
-            f"{ctx.base_url}{PATHS[api(ctx)]}", json=body, headers=headers(ctx), timeout=timeout
+            f"{ctx.base_url}{path}", json=body, headers=headers(ctx), timeout=timeout
         ) as response:
             result.http_status = response.status
             answer = await response.json(content_type=None)
@@ -157,8 +159,8 @@ async def send(http: aiohttp.ClientSession, ctx: RunContext, body: dict[str, Any
             error = answer["error"]
             result.error = str(error.get("message") if isinstance(error, dict) else error)
     result.gpu_memory_after_mib = await gpu_memory_in_use(ctx)
-    await asyncio.sleep(LOG_SETTLE_S)  # a line logged just before the answer may still be in the pipe
-    if ctx.follower is not None:
+    if ctx.follower is not None:  # a line logged just before the answer may still be in the pipe
+        await ctx.follower.until_answered(path, answers, LOG_SETTLE_S)
         result.warnings.extend(line[:MAX_WARNING_CHARS] for line in ctx.follower.warnings[logged:][:MAX_WARNINGS])
     return result
 
