@@ -140,9 +140,7 @@ async def send(http: aiohttp.ClientSession, ctx: RunContext, body: dict[str, Any
     started = clock.now()
     timeout = aiohttp.ClientTimeout(total=clock.wall(clock.limit(ctx.config.engine.request_timeout_s)))
     try:
-        async with http.post(
-            f"{ctx.base_url}{path}", json=body, headers=headers(ctx), timeout=timeout
-        ) as response:
+        async with http.post(f"{ctx.base_url}{path}", json=body, headers=headers(ctx), timeout=timeout) as response:
             result.http_status = response.status
             answer = await response.json(content_type=None)
     except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
