@@ -116,6 +116,24 @@ def test_stall_is_reported_with_phase_and_last_line() -> None:
     assert analyzer.stalled(now=150.0, threshold_s=100.0) is None
 
 
+def test_a_stats_line_after_a_hang_is_not_what_the_hang_waited_on() -> None:
+    """vLLM logs its stats line on a timer; the first one after a request hung still counts the tokens made
+    before, so its non-zero throughput is no progress and never the hang's last line."""
+    analyzer = StreamAnalyzer(started_at=0.0)
+    analyzer.feed("(APIServer pid=1) INFO:     Application startup complete.", at=1.0)
+    watchdog = "(EngineCore_DP0 pid=2) WARNING 12-04 17:09:01 [nccl.py:1] rank0: NCCL watchdog: collective operation timeout is approaching"
+    analyzer.feed(watchdog, at=2.0)
+    analyzer.feed(
+        "(APIServer pid=1) INFO 12-04 17:09:03 [loggers.py:335] Engine 000: Avg prompt throughput: 387.9 tokens/s, "
+        "Avg generation throughput: 4.8 tokens/s, Running: 1 reqs, Waiting: 0 reqs, GPU KV cache usage: 0.4%, "
+        "Prefix cache hit rate: 49.8%",
+        at=10.0,
+    )
+    assert analyzer.last_progress_line == watchdog
+    finding = analyzer.hang_finding(Stall("request", 120.0, analyzer.last_progress_line))
+    assert finding.category == "nccl_comm"
+
+
 def test_a_hang_is_a_finding_categorized_by_its_last_line() -> None:
     analyzer = StreamAnalyzer(started_at=0.0)
     analyzer.feed("INFO 05-12 02:46:31 [api_server.py:1] non-default args: {}", at=1.0)
