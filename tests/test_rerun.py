@@ -25,9 +25,8 @@ from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
 from runner.tls import DevCerts
 from runner.toml_reader import ConfigError
-from tests.k3fixtures import bot_config, runner_data, running_runner
+from tests.k3fixtures import SIM_SPEED, bot_config, runner_data, running_runner
 
-SPEED = 2000
 DIGEST_IMAGES = ["vllm/vllm-openai:*", "vllm/vllm-openai@sha256:*"]
 
 
@@ -41,12 +40,12 @@ class Site:
 @contextlib.asynccontextmanager
 async def site(certs: DevCerts, tmp_path: Path, original: str, isolated: str, **isolation: Any) -> AsyncIterator[Site]:
     """A cluster with one regular runner on the `original` host and one runner labelled isolated on another."""
-    regular = runner_data(certs, tmp_path / "regular", scenario=original, speed=SPEED)
+    regular = runner_data(certs, tmp_path / "regular", scenario=original, speed=SIM_SPEED)
     other = runner_data(
         certs,
         tmp_path / "isolated",
         scenario=isolated,
-        speed=SPEED,
+        speed=SIM_SPEED,
         name="gpu-isolated",
         labels=["isolated"],
         allowed_images=DIGEST_IMAGES,
@@ -142,7 +141,7 @@ async def test_refusals_are_one_line_and_change_nothing(
 
 
 async def test_without_an_isolation_provider_nothing_starts(certs: DevCerts, tmp_path: Path) -> None:
-    async with running_runner(runner_data(certs, tmp_path / "r", scenario="demo", speed=SPEED)) as daemon:
+    async with running_runner(runner_data(certs, tmp_path / "r", scenario="demo", speed=SIM_SPEED)) as daemon:
         config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"])
         store = AsyncStore(config.store)
         core = Coordinator(config, store)
@@ -186,7 +185,7 @@ def test_a_rerun_runs_the_image_by_the_digest_the_scene_pinned() -> None:
 
 
 async def test_the_runner_refuses_a_rerun_by_tag_when_the_bundle_has_a_digest(certs: DevCerts, tmp_path: Path) -> None:
-    data = runner_data(certs, tmp_path / "r", scenario="healthy", speed=SPEED, allowed_images=DIGEST_IMAGES)
+    data = runner_data(certs, tmp_path / "r", scenario="healthy", speed=SIM_SPEED, allowed_images=DIGEST_IMAGES)
     config = bot_config(certs, tmp_path / "k3.db", ["127.0.0.1:1"])
     request = rerun_request(_bundle("vllm/vllm-openai@sha256:" + "cd" * 32), "r4", "U2")
     request.image = "vllm/vllm-openai:kimi-k3"
@@ -204,7 +203,7 @@ async def _ignore(event: pb.RunEvent) -> None:
 
 
 async def test_a_once_runner_serves_one_run_then_refuses_more(certs: DevCerts, tmp_path: Path) -> None:
-    data = runner_data(certs, tmp_path / "r", scenario="demo", speed=SPEED, labels=["isolated"])
+    data = runner_data(certs, tmp_path / "r", scenario="demo", speed=SIM_SPEED, labels=["isolated"])
     async with running_runner(data) as daemon:
         daemon.hub.once = True
         config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"])

@@ -15,14 +15,14 @@ from bot.coordinator import Coordinator
 from bot.store import AsyncStore, Store
 from bot.web import serving
 from runner.tls import DevCerts
-from tests.k3fixtures import bot_config, rerun_left_running, runner_data, running_runner
+from tests.k3fixtures import SIM_SPEED, bot_config, rerun_left_running, runner_data, running_runner
 from tests.slack_api import SlackApi, action_body, action_payload, command_body, parent_of, post, settle, signed
 from tests.slack_api import slack_config as with_slack
 
 
 @contextlib.asynccontextmanager
 async def _cluster(
-    certs: DevCerts, tmp_path: Path, api: SlackApi, isolated_speed: float = 2000
+    certs: DevCerts, tmp_path: Path, api: SlackApi, isolated_speed: float = SIM_SPEED
 ) -> AsyncIterator[BotConfig]:
     """A regular runner with a leftover process and an isolated one on a clean host, and the bot's config."""
     regular = runner_data(certs, tmp_path / "regular", scenario="leftover-process")

@@ -15,6 +15,9 @@ from bot.commands.common import CommandError
 from bot.commands.demo import demo
 from runner.sim.scenario import builtin_scenarios, scenario_path
 
+# Slower than the other tests' SIM_SPEED: a start-up hang must be found as a stall, and the sim's own Python
+# start-up (~0.2 s of the wall, before its first line) counts as engine time: at 2000 it stays far from the
+# ready_timeout_s - stall_timeout_s that would turn the hang into "not ready".
 SPEED = 2000
 
 

@@ -19,7 +19,7 @@ from bot.rerun import rerun_isolated
 from bot.store import AsyncStore, Store
 from protos import runner_pb2 as pb
 from runner.tls import DevCerts
-from tests.k3fixtures import bot_config, rerun_left_running, runner_data, running_runner
+from tests.k3fixtures import SIM_SPEED, bot_config, rerun_left_running, runner_data, running_runner
 from tests.slurm import DOWN, UP, Slurm, running_slurm
 
 SCRIPT = Path(__file__).resolve().parent.parent / "deploy" / "slurm" / "k3repro-isolated.sbatch"
@@ -61,7 +61,7 @@ speed = {speed}
 
 @contextlib.asynccontextmanager
 async def bot(
-    certs: DevCerts, tmp_path: Path, *, partition: str = UP, speed: float = 2000, queue_wait_s: float = 30
+    certs: DevCerts, tmp_path: Path, *, partition: str = UP, speed: float = SIM_SPEED, queue_wait_s: float = 30
 ) -> AsyncIterator[tuple[Coordinator, str]]:
     """A cluster whose regular runner has a leftover process, and Slurm as its isolation provider; yields the
     bot core and a finished original run."""
