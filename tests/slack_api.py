@@ -11,6 +11,7 @@ Plus helpers that sign requests the way Slack does and build a bot config that p
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import itertools
 import json
@@ -83,6 +84,7 @@ class SlackApi:
         self.envelopes_acked: dict[str, dict[str, Any]] = {}
         self.answering = 0  # SLOW calls that took effect and are not answered yet
         self._ts = itertools.count(1)
+        self._last_ts = 0  # microseconds of the last message ts
         self._uploads: dict[str, bytes] = {}
         self._sockets: list[web.WebSocketResponse] = []
         self._runner: web.AppRunner | None = None
@@ -130,6 +132,11 @@ class SlackApi:
     def posted(self) -> list[dict[str, Any]]:
         """Every message as it stands, oldest first."""
         return list(self.messages.values())
+
+    def say(self, channel: str, text: str, thread_ts: str | None = None) -> str:
+        """A person's message in the channel (or a thread of it), as Slack would hold it; its ts."""
+        body = {"channel": channel, "text": text, **({"thread_ts": thread_ts} if thread_ts else {})}
+        return str(self._answer("chat.postMessage", body)["ts"])
 
     def called(self, method: str, status: int | None = 200) -> list[Call]:
         return [c for c in self.calls if c.method == method and (status is None or c.status == status)]
@@ -202,6 +209,11 @@ class SlackApi:
         self.calls.append(Call(method, body, 200))
         return web.json_response({"ok": True, **self._answer(method, body)})
 
+    def _new_ts(self) -> str:
+        """A message ts as Slack makes them: the time it was posted (seconds.micro), unique and increasing."""
+        self._last_ts = max(self._last_ts + 1, int(time.time() * 1_000_000))
+        return f"{self._last_ts // 1_000_000}.{self._last_ts % 1_000_000:06d}"
+
     def _answer(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
         if method == "auth.test":
             return {
@@ -212,7 +224,7 @@ class SlackApi:
                 "url": "https://k3lab.slack.com/",
             }
         if method == "chat.postMessage":
-            ts = f"1700000000.{next(self._ts):06d}"
+            ts = self._new_ts()
             self.messages[ts] = {**body, "ts": ts, "updates": 0}
             return {"channel": body["channel"], "ts": ts, "message": {"text": body.get("text", "")}}
         if method == "chat.update":
@@ -225,8 +237,18 @@ class SlackApi:
                 found = [m for m in found if body["ts"] in (m["ts"], m.get("thread_ts"))]
             else:
                 found = [m for m in found if "thread_ts" not in m or m.get("reply_broadcast")][::-1]
+            if body.get("oldest"):  # exclusive, as Slack's
+                found = [m for m in found if float(m["ts"]) > float(body["oldest"])]
+            # a page at a time, as Slack answers: `limit` (its defaults), then the cursor the last page gave
+            limit = int(body.get("limit") or (1000 if method == "conversations.replies" else 100))
+            start = int(base64.b64decode(body["cursor"]).decode().removeprefix("next:")) if body.get("cursor") else 0
+            page, more = found[start : start + limit], start + limit < len(found)
             return {
-                "messages": [{"ts": m["ts"], "text": m.get("text", ""), "metadata": m.get("metadata")} for m in found]
+                "messages": [{"ts": m["ts"], "text": m.get("text", ""), "metadata": m.get("metadata")} for m in page],
+                "has_more": more,
+                "response_metadata": {"next_cursor": base64.b64encode(f"next:{start + limit}".encode()).decode()}
+                if more
+                else {"next_cursor": ""},
             }
         if method == "files.info":
             shared = [f for f in self.files if f["id"] == body["file"]]
@@ -248,7 +270,7 @@ class SlackApi:
                         **f,
                         "channel": body.get("channel_id"),
                         "thread_ts": body.get("thread_ts"),
-                        "ts": f"1700000000.{next(self._ts):06d}",
+                        "ts": self._new_ts(),
                         "data": data,  # as uploaded; "content": a text file's text
                         "content": data.decode("utf-8", "replace"),
                     }

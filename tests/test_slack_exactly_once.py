@@ -108,6 +108,31 @@ async def test_a_post_that_landed_unanswered_is_found_not_posted_again(tmp_path:
     assert len(api.called("conversations.history")) == 1 and len(api.called("conversations.replies")) == 1
 
 
+async def test_a_landed_post_beyond_slacks_first_page_is_found_not_posted_again(tmp_path: Path, api: SlackApi) -> None:
+    """Slack answers a look-up a page at a time: people talking in the thread, or in a busy channel, push what
+    an unanswered attempt posted past the first page."""
+    async with outbox_on(tmp_path, api, post_interval_s=0) as outbox:
+        await outbox.put(card())
+        await outbox.idle()
+        parent = api.posted()[0]["ts"]
+        for n in range(250):
+            api.say("C1", f"in the thread {n}", thread_ts=parent)
+        api.fail("chat.postMessage", DIE, times=2)  # a reply, then a second card: in Slack, never answered
+        await outbox.put(reply("R1:a", "a"))
+        await outbox.idle()
+        await outbox.store.call(Store.create_thread, "R2", "C1", "")
+        await outbox.put(
+            Write("R2:card", "chat.postMessage", {"channel": "C1", "text": "second"}, "R2", creates="parent_ts")
+        )
+        await api.wait_for(lambda: len(api.called("chat.postMessage", DIE)) == 2)
+        for n in range(250):  # before the retry (its back-off is half a second) looks for it
+            api.say("C1", f"in the channel {n}")
+        await outbox.idle()
+    ours = [m["text"] for m in api.posted() if m.get("metadata")]
+    assert ours == ["card", "a", "second"]  # each once
+    assert len(api.called("conversations.replies")) == 2 and len(api.called("conversations.history")) == 2
+
+
 async def test_a_write_that_keeps_failing_becomes_a_short_text_and_later_ones_go_on(
     tmp_path: Path, api: SlackApi
 ) -> None:

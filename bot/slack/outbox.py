@@ -43,6 +43,8 @@ DEPENDENCY_POLL_S = 0.5
 UPLOAD = "files.upload"  # getUploadURLExternal, the upload, completeUploadExternal: each step kept in the row
 KEY_FIELD = "k3repro_key"  # in a post's metadata event_payload: how a restarted bot finds what it posted
 WRITE_EVENT = "k3repro_write"
+FIND_PAGE = 200  # messages a look-up asks for at a time (Slack advises no more than 200) ...
+FIND_PAGES = 25  # ... and pages it follows: past 5,000 messages an earlier attempt counts as not posted
 IN_FLIGHT, RATELIMITED = "in flight", "ratelimited"  # a row's error while its call is out; after a 429
 FALLBACK_TEXT = 500
 NO_FALLBACK = {
@@ -247,21 +249,33 @@ class Outbox:
         return dict(answer.data) if isinstance(answer.data, dict) else {}
 
     async def _find(self, row: OutboxRow, write: Write, args: dict[str, Any]) -> dict[str, Any] | None:
-        """The message an earlier attempt posted, by the key in its metadata; None when it is not in Slack."""
+        """The message an earlier attempt posted, by the key in its metadata; None when it is not in Slack.
+
+        Slack answers a page at a time: a thread whose humans talked past a page, or a busy channel since the
+        attempt, puts it beyond the first, so the look-up follows the cursor."""
         channel = args["channel"]
-        if args.get("thread_ts"):
-            answer = await self.client.conversations_replies(
-                channel=channel, ts=args["thread_ts"], include_all_metadata=True, limit=1000
-            )
-        else:
-            oldest = datetime.fromisoformat(row.created_at).timestamp() - 60 if row.created_at else None
-            answer = await self.client.conversations_history(
-                channel=channel, include_all_metadata=True, limit=200, oldest=f"{oldest:.6f}" if oldest else None
-            )
-        for message in answer.get("messages") or []:
-            payload = (message.get("metadata") or {}).get("event_payload") or {}
-            if payload.get(KEY_FIELD) == write.key:
-                return {"channel": channel, "ts": message["ts"]}
+        cursor: str | None = None
+        for _ in range(FIND_PAGES):
+            if args.get("thread_ts"):
+                answer = await self.client.conversations_replies(
+                    channel=channel, ts=args["thread_ts"], include_all_metadata=True, limit=FIND_PAGE, cursor=cursor
+                )
+            else:
+                oldest = datetime.fromisoformat(row.created_at).timestamp() - 60 if row.created_at else None
+                answer = await self.client.conversations_history(
+                    channel=channel,
+                    include_all_metadata=True,
+                    limit=FIND_PAGE,
+                    oldest=f"{oldest:.6f}" if oldest else None,
+                    cursor=cursor,
+                )
+            for message in answer.get("messages") or []:
+                payload = (message.get("metadata") or {}).get("event_payload") or {}
+                if payload.get(KEY_FIELD) == write.key:
+                    return {"channel": channel, "ts": message["ts"]}
+            cursor = (answer.get("response_metadata") or {}).get("next_cursor") or None
+            if cursor is None:
+                return None
         return None
 
     async def _upload(self, row: OutboxRow, write: Write, args: dict[str, Any]) -> dict[str, Any]:
