@@ -14,7 +14,7 @@ import grpc
 from bot.config import BotConfig
 from bot.refusal import Refused
 from bot.runner_client import open_channel, rpc_error_text
-from bot.store import ERROR, LOST, AsyncStore, Store, now
+from bot.store import ERROR, LOST, AsyncStore, Store
 from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
 from protos.vocab import to_id
@@ -123,15 +123,9 @@ async def _until_idle(call: AsyncIterable[pb.RunEvent]) -> AsyncIterator[pb.RunE
 
 
 async def _record_finish(store: AsyncStore, run_id: str, finished: pb.RunFinished) -> None:
-    await store.call(
-        Store.update_run,
-        run_id,
-        status=to_id(pb.RunStatus, finished.status),
-        decision=to_id(pb.Decision, finished.decision) or None,
-        summary=finished.summary,
-        finished_at=now(),
-    )
+    status, decision = to_id(pb.RunStatus, finished.status), to_id(pb.Decision, finished.decision) or None
+    await store.call(Store.finish_run, run_id, status, finished.summary, decision)
 
 
 async def _record_error(store: AsyncStore, run_id: str, status: str, message: str) -> None:
-    await store.call(Store.update_run, run_id, status=status, summary=message, finished_at=now())
+    await store.call(Store.finish_run, run_id, status, message)

@@ -70,7 +70,8 @@ def _store(path: Path, run_id: str = "20261130-090000-abcd", status: str = "comp
     store.create_run(
         run_id, "cluster-a", runner="127.0.0.1:1", image="vllm/vllm-openai:kimi-k3", request_json=json.dumps(request)
     )
-    store.update_run(run_id, status=status)
+    if status != "running":
+        store.finish_run(run_id, status)
     for event in _events(run_id):
         store.add_event(event)
     return store

@@ -215,7 +215,7 @@ def _state(store: Store) -> tuple[list[dict[str, Any]], list[Any]]:
 def target(tmp_path: Path) -> Store:
     """A store with a run of its own, the victim every crafted bundle would like to write into."""
     store = _store(tmp_path / "target.db", run_id="victim")
-    store.update_run("victim", summary="the victim's own summary", decision="continue")
+    store.finish_run("victim", "completed", "the victim's own summary", "continue")
     return store
 
 

@@ -59,7 +59,7 @@ def test_one_active_run_per_cluster(tmp_path: Path) -> None:
         store.create_run("r2", "a")
     assert caught.value.run_id == "r1"
     store.create_run("r3", "b")
-    store.update_run("r1", status="completed")
+    store.finish_run("r1", "completed")
     store.create_run("r4", "a")
     assert {r.id for r in store.runs(status=ACTIVE)} == {"r3", "r4"}
 

@@ -44,7 +44,9 @@ class RunTables(Tables):
         with self.db.conn:
             self.db.execute("DELETE FROM runs WHERE id = ?", [run_id])
 
-    def update_run(self, run_id: str, **fields: Any) -> None:
+    def finish_run(self, run_id: str, status: str, summary: str = "", decision: str | None = None) -> None:
+        """A run has ended (`status` one of rows.FINAL): what it decided, in one line."""
+        fields = {"status": status, "summary": summary, "decision": decision, "finished_at": now()}
         with self.db.conn:
             self.db.table("runs").update(run_id, {**redacted(fields), "updated_at": now()})
 
@@ -55,7 +57,7 @@ class RunTables(Tables):
         except RunNotFound:
             return
         if run.status in ACTIVE:
-            self.update_run(run_id, status=CANCELLED, summary=why, finished_at=now())
+            self.finish_run(run_id, CANCELLED, why)
 
     def get_run(self, run_id: str) -> Run:
         """A run by id or by a unique prefix of its id."""
