@@ -4,6 +4,9 @@ request's result is made, without a fixed sleep when the access log shows the an
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import sys
 import time
 
@@ -56,3 +59,32 @@ async def test_without_an_access_line_the_wait_is_the_whole_limit() -> None:
     assert time.monotonic() - started >= 0.29 and follower.warnings == [WARNING]
     await engine.stop(1)
     await follower.drain(2)
+
+
+async def test_a_stop_cancelled_during_its_grace_still_kills_the_group() -> None:
+    """A run cancelled while its engine is being stopped must not leave the engine (or its children) alive."""
+    _, engine = await _follow(
+        "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        "print(child.pid, flush=True); time.sleep(60)"
+    )
+    child = int((await anext(engine.lines())).text)
+    stopping = asyncio.create_task(engine.stop(grace_s=30))  # it ignores SIGTERM: the grace would run out
+    await asyncio.sleep(0.2)
+    stopping.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await stopping
+    deadline = time.monotonic() + 5
+    while (engine.returncode is None or _alive(child)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert engine.returncode == -signal.SIGKILL and not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(") ")[1][0] != "Z"  # a zombie waiting for its parent's wait() is gone
+    return False

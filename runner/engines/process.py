@@ -76,12 +76,17 @@ class ProcessEngine:
         children never outlive us."""
         _signal_group(self._process.pid, signal.SIGTERM)
         exited = asyncio.ensure_future(self._process.wait())
-        await self._clock.wait([exited], self._clock.limit(grace_s))
-        _signal_group(self._process.pid, signal.SIGKILL)
-        await exited
-        for reader in self._readers:
-            reader.cancel()
-        await asyncio.gather(*self._readers, return_exceptions=True)
+        try:
+            await self._clock.wait([exited], self._clock.limit(grace_s))
+            _signal_group(self._process.pid, signal.SIGKILL)
+            await exited
+        finally:
+            if not exited.done():  # the stop itself was cancelled: the group still goes, nothing is left pending
+                _signal_group(self._process.pid, signal.SIGKILL)
+                exited.cancel()
+            for reader in self._readers:
+                reader.cancel()
+            await asyncio.gather(*self._readers, return_exceptions=True)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
