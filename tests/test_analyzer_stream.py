@@ -134,6 +134,28 @@ def test_a_stats_line_after_a_hang_is_not_what_the_hang_waited_on() -> None:
     assert finding.category == "nccl_comm"
 
 
+def test_a_traceback_the_log_went_quiet_after_is_settled_on_request() -> None:
+    """A serving engine logs a failed request's traceback and then nothing: settle() decides what the end of
+    the log would, and later lines are still read."""
+    analyzer = StreamAnalyzer(started_at=0.0)
+    analyzer.feed("(APIServer pid=1) INFO:     Application startup complete.")
+    lines = [
+        "(APIServer pid=1) ERROR 12-04 10:00:00 [serving.py:1284] Error in chat completion stream generator.",
+        "(APIServer pid=1) ERROR 12-04 10:00:00 [serving.py:1284] Traceback (most recent call last):",
+        '(APIServer pid=1) ERROR 12-04 10:00:00 [serving.py:1284]   File "/vllm/entrypoints/openai/serving_chat.py", line 9, in gen',
+        "(APIServer pid=1) ERROR 12-04 10:00:00 [serving.py:1284]     raise ValueError(msg)",
+        "(APIServer pid=1) ERROR 12-04 10:00:00 [serving.py:1284] ValueError: the chat template raised",
+    ]
+    found = [f for line in lines for f in analyzer.feed(line)]
+    assert analyzer.first_error is None and not found  # the message may go on: nothing is certain yet
+    settled = analyzer.settle()
+    assert [f.line for f in settled if isinstance(f, ErrorFinding)] == [lines[-1]]
+    assert analyzer.first_error is not None and analyzer.first_error.phase == "request"
+    assert analyzer.settle() == []  # once
+    analyzer.feed('(APIServer pid=1) INFO:     127.0.0.1:5000 - "POST /v1/chat/completions HTTP/1.1" 500')
+    assert analyzer.first_error.line == lines[-1]
+
+
 def test_a_hang_is_a_finding_categorized_by_its_last_line() -> None:
     analyzer = StreamAnalyzer(started_at=0.0)
     analyzer.feed("INFO 05-12 02:46:31 [api_server.py:1] non-default args: {}", at=1.0)

@@ -215,6 +215,27 @@ async def test_freeze_records_the_fixed_request_or_only_its_digest(
     assert ('"content": "hi"' in json.dumps(scene).replace('\\"', '"')) is (bodies == "text")  # nowhere else
 
 
+async def test_a_request_that_fails_while_the_server_goes_on_is_found_on_every_attempt(
+    certs: DevCerts, tmp_path: Path
+) -> None:
+    """A 500 with the engine's traceback logged, and then nothing: no later line settles the traceback, yet
+    each attempt's first error is found (not "no failure"), so the repeat counts and no proxy is abandoned."""
+    scenario = tmp_path / "error.toml"
+    scenario.write_text(
+        '[deployment]\ncommand = "vllm serve moonshotai/Kimi-K3 --tensor-parallel-size 8"\n'
+        '[[fault]]\nphase = "request"\neffect = "error_response"\n'
+        'error = "ValueError: the chat template raised on this conversation"\n'
+    )
+    events = await _run(certs, tmp_path, str(scenario))
+    summary = _stage(events, pb.STAGE_SINGLE_REQUEST).summary
+    assert summary.startswith("the fixed request fails (the server goes on serving): failed in request")
+    assert "(2 of 2 attempts failed the same way)" in summary
+    assert _checklist(events)["failure_repeated"][0] == HOLDS
+    assert not any(e.HasField("artifact") and e.artifact.name == "proxy_abandoned" for e in events)
+    firsts = [e.first_error for e in events if e.HasField("first_error")]
+    assert len(firsts) == 2 and all(f.line.endswith("the chat template raised on this conversation") for f in firsts)
+
+
 async def test_a_driver_upgraded_under_a_run_makes_it_isolate(certs: DevCerts, tmp_path: Path) -> None:
     scenario = tmp_path / "host.toml"
     scenario.write_text(scenario_path("demo").read_text())

@@ -24,6 +24,7 @@ How the first error is chosen (the rules themselves are data, see rules.toml):
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections import deque
@@ -339,6 +340,19 @@ class StreamAnalyzer:
         self.last_level = ll.level
         if self._open:
             self._expire()
+        if self._first_error is None and self._best is not None:
+            self._maybe_emit(out)
+        return out
+
+    def settle(self) -> list[PhaseFinding | ErrorFinding]:
+        """The log went quiet with something still uncertain (a traceback or a message no later line ended):
+        settle it as if the lines that end it had passed, and report the first error that makes. A serving
+        engine writes nothing after a failed request's traceback until its next stats line, so the line count
+        that settles a candidate in a busy log may never come. Lines fed later are read as before."""
+        out: list[PhaseFinding | ErrorFinding] = []
+        if self._closed or self._first_error is not None or not self._open:
+            return out
+        self._expire(force=True)
         if self._first_error is None and self._best is not None:
             self._maybe_emit(out)
         return out
@@ -679,10 +693,11 @@ class StreamAnalyzer:
         if self._best is None or cand.line_no < self._best.line_no:
             self._best = cand
 
-    def _expire(self) -> None:
+    def _expire(self, force: bool = False) -> None:
+        """Settles the open candidates that waited long enough (every one when `force`)."""
         tb = self._tb
         for cand in list(self._open):
-            waited = self._n - cand.opened_at
+            waited = math.inf if force else self._n - cand.opened_at
             if cand.reserved and waited > tb.header_wait_lines:
                 self._open.remove(cand)
                 stream = self._streams.get(cand.key)

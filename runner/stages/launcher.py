@@ -176,6 +176,12 @@ async def _until_ready(ctx: RunContext, follower: LogFollower) -> tuple[bool, st
             await clock.poll(POLL_S, [follower.first_error])
 
 
+async def healthy_now(base_url: str) -> bool:
+    """Whether the server answers /health 200 now (a failed request may or may not have taken it down)."""
+    async with aiohttp.ClientSession() as http:
+        return await healthy(http, base_url)
+
+
 async def healthy(http: aiohttp.ClientSession, base_url: str) -> bool:
     try:
         async with http.get(f"{base_url}/health", timeout=aiohttp.ClientTimeout(total=2)) as response:

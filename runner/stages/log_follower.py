@@ -125,8 +125,12 @@ class LogFollower:
                 await asyncio.wait_for(self._access.wait(), left)
 
     async def wait_first_error(self) -> None:
-        """Gives the log a moment to show the first error (a failed answer usually comes before it)."""
-        await self.clock.wait([self.first_error], self.clock.limit(ERROR_WAIT_S))
+        """Gives the log a moment to show the first error (a failed answer usually comes before it); then what
+        the analyzer still holds open is settled: a server that goes on serving may write no line that would."""
+        if await self.clock.wait([self.first_error], self.clock.limit(ERROR_WAIT_S)):
+            return
+        for finding in self.analyzer.settle():
+            await self._found(finding)
 
     async def hang(self, stall: Stall) -> ErrorFinding:
         """Reports a hang as this launch's first error (no progress is itself the finding)."""

@@ -1,7 +1,7 @@
 """single_request: the fixed request, sent several times to the running server, recorded as it answers.
 
-A request that kills the engine (or never comes back) is the failure being reproduced, exactly like a launch
-failure: its first error is saved and the minimal configuration is launched again and asked again
+A request that kills the engine, fails while the server goes on serving (a 5xx with the engine's error logged),
+or never comes back is the failure being reproduced, exactly like a launch failure: its first error is saved and the minimal configuration is launched again and asked again
 (engine.failure_attempts in all), so whether it repeats is decided by evidence. A request the server refuses
 as invalid (a 4xx) says the fixed request is wrong, not the deployment: nothing is relaunched.
 """
@@ -17,7 +17,7 @@ from runner.analyzer import ErrorFinding, default_rules
 from runner.analyzer.signature import signature
 from runner.stages import proxies
 from runner.stages.context import Attempt, RunContext, StageResult
-from runner.stages.launcher import attempt_of, foreign_now, launch
+from runner.stages.launcher import attempt_of, foreign_now, healthy_now, launch
 from runner.stages.probes import fixed_body, hang_of, refused_as_invalid, send
 
 DEFAULT_REPEATS = 3
@@ -29,7 +29,8 @@ async def run(ctx: RunContext) -> StageResult:
     results = await _ask(ctx, body, repeats)
     crash = await _engine_error(ctx, results)
     if crash is not None:
-        return await _reproduce(ctx, body, crash, results)
+        serving = bool(ctx.base_url) and await healthy_now(ctx.base_url)
+        return await _reproduce(ctx, body, crash, results, serving)
     return await _judge(ctx, results, repeats)
 
 
@@ -58,7 +59,7 @@ async def _engine_error(ctx: RunContext, results: list[pb.RequestResult]) -> Err
 
 
 async def _reproduce(
-    ctx: RunContext, body: dict[str, Any], crash: ErrorFinding, results: list[pb.RequestResult]
+    ctx: RunContext, body: dict[str, Any], crash: ErrorFinding, results: list[pb.RequestResult], serving: bool
 ) -> StageResult:
     evidence = f"{crash.phase} · {crash.category} · {crash.line}"
     await ctx.check(pb.CHECKLIST_ID_FIRST_ERROR_SAVED, pb.CHECKLIST_STATE_HOLDS, evidence)
@@ -84,7 +85,8 @@ async def _reproduce(
     same = sum(1 for a in ctx.attempts if (a.phase, a.signature) == (ctx.attempts[0].phase, ctx.attempts[0].signature))
     return StageResult(
         pb.STAGE_STATUS_FAILED,
-        f"the fixed request kills the engine: failed in {crash.phase} ({crash.category}): {crash.line} "
+        f"the fixed request {'fails (the server goes on serving)' if serving else 'kills the engine'}: "
+        f"failed in {crash.phase} ({crash.category}): {crash.line} "
         f"({same} of {len(ctx.attempts)} attempts failed the same way)",
     )
 
