@@ -10,10 +10,12 @@ import signal
 import sys
 import time
 
+import pytest
+
 from protos import runner_pb2 as pb
 from runner.clock import Clock
 from runner.engines.process import ProcessEngine
-from runner.stages.log_follower import LogFollower
+from runner.stages.log_follower import ERROR_WAIT_S, LogFollower
 
 WARNING = "(APIServer pid=7) WARNING 12-03 10:00:00 [serving.py:1] the request asked for a removed field"
 ACCESS = 'INFO:     127.0.0.1:5000 - "POST /v1/chat/completions HTTP/1.1" 200 OK'
@@ -57,6 +59,37 @@ async def test_without_an_access_line_the_wait_is_the_whole_limit() -> None:
     started = time.monotonic()
     await follower.until_answered("/v1/chat/completions", 0, 0.3)
     assert time.monotonic() - started >= 0.29 and follower.warnings == [WARNING]
+    await engine.stop(1)
+    await follower.drain(2)
+
+
+TRACEBACK = [
+    "(APIServer pid=7) ERROR 12-03 10:00:01 [serving.py:1284] Error in chat completion stream generator.",
+    "(APIServer pid=7) ERROR 12-03 10:00:01 [serving.py:1284] Traceback (most recent call last):",
+    '(APIServer pid=7) ERROR 12-03 10:00:01 [serving.py:1284]   File "/vllm/entrypoints/openai/serving_chat.py", line 9, in g',
+    "(APIServer pid=7) ERROR 12-03 10:00:01 [serving.py:1284]     raise ValueError(msg)",
+    "(APIServer pid=7) ERROR 12-03 10:00:01 [serving.py:1284] ValueError: kimi_k2 tool parser: unexpected token",
+]
+FAILED_ACCESS = 'INFO:     127.0.0.1:5000 - "POST /v1/chat/completions HTTP/1.1" 500 Internal Server Error'
+
+
+@pytest.mark.parametrize("goes_on", [True, False])
+async def test_a_failed_answer_the_server_survived_settles_its_traceback_at_once(goes_on: bool) -> None:
+    """A 500 the access log showed, from a server still answering /health: every line of that request has been
+    read and nothing settles the traceback, so waiting longer only costs time. A server that stopped answering
+    may still be logging (another process's error, its death): it gets the whole moment."""
+    lines = [*TRACEBACK, FAILED_ACCESS]
+    follower, engine = await _follow(f"import time; print('\\n'.join({lines!r}), flush=True); time.sleep(10)")
+    await follower.until_answered("/v1/chat/completions", 0, 3.0)
+
+    async def serving() -> bool:
+        return goes_on
+
+    started = time.monotonic()
+    await follower.wait_first_error(serving)
+    waited = time.monotonic() - started
+    assert follower.first_error.done() and follower.first_error.result().line == TRACEBACK[-1]
+    assert waited < 0.5 if goes_on else waited >= ERROR_WAIT_S - 0.05
     await engine.stop(1)
     await follower.drain(2)
 

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import re
 from collections import Counter, deque
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from protos import runner_pb2 as pb
@@ -22,7 +23,7 @@ CHUNK_INTERVAL_S = 1.0  # ... or this long after its first line
 ERROR_WAIT_S = 3.0  # after a failed answer, how long the engine's log gets to show why (a limit)
 # uvicorn's access line, written on stdout as the response starts, after every line vLLM (also on stdout) logged
 # for the request: once it has been read, so have they (reference/vllm.md §2)
-ACCESS_LINE = re.compile(r'"[A-Z]+ (?P<path>[^ ?"]+)\S* HTTP/[\d.]+" \d{3}')
+ACCESS_LINE = re.compile(r'"[A-Z]+ (?P<path>[^ ?"]+)\S* HTTP/[\d.]+" (?P<status>\d{3})')
 
 
 class LogFollower:
@@ -42,6 +43,7 @@ class LogFollower:
         self._stop_line: int | None = None  # lines fed when the runner began to stop the engine
         self._answered: Counter[str] = Counter()  # access lines read, by request path
         self._access = asyncio.Event()  # set (and cleared) on each access line
+        self._last_status = 0  # the status of the last answer the access log showed
         self._task = asyncio.create_task(self._follow())
 
     def stopping(self) -> None:
@@ -74,6 +76,7 @@ class LogFollower:
                     self.warnings.append(text)
                 if (access := ACCESS_LINE.search(text)) is not None:
                     self._answered[access["path"]] += 1
+                    self._last_status = int(access["status"])
                     self._access.set()
                     self._access.clear()
             for finding in self.analyzer.close():
@@ -124,10 +127,17 @@ class LogFollower:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._access.wait(), left)
 
-    async def wait_first_error(self) -> None:
-        """Gives the log a moment to show the first error (a failed answer usually comes before it); then what
-        the analyzer still holds open is settled: a server that goes on serving may write no line that would."""
-        if await self.clock.wait([self.first_error], self.clock.limit(ERROR_WAIT_S)):
+    async def wait_first_error(self, serving: Callable[[], Awaitable[bool]]) -> None:
+        """Gives the log a moment to show the first error behind a failed answer, then settles what the analyzer
+        still holds open: a server that goes on serving writes no line that would.
+
+        No moment is needed when the last answer the log showed is the failure (a 5xx access line: every line
+        any process logged before it has been read) and the server still answers /health (`serving`): nothing
+        of that request is left to come."""
+        if self.first_error.done():
+            return
+        answered = self._last_status >= 500 and await serving()
+        if not answered and await self.clock.wait([self.first_error], self.clock.limit(ERROR_WAIT_S)):
             return
         for finding in self.analyzer.settle():
             await self._found(finding)
