@@ -30,7 +30,7 @@ from bot.config import BotConfig, SlackConfig
 from bot.web import SLACK_PATH, Served, serving
 from protos.vocab import CHECKLIST_IDS
 from runner.tls import DevCerts
-from tests.k3fixtures import SIM_SPEED, bot_config, runner_data, running_runner
+from tests.k3fixtures import KIMI_LAUNCH, SIM_SPEED, bot_config, runner_data, running_runner
 
 SIGNING_SECRET = "test-signing-secret"
 BOT_TOKEN = "xoxb-test-token"
@@ -300,10 +300,18 @@ async def _body(request: web.Request) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def slack_bot(
-    certs: DevCerts, tmp_path: Path, api: SlackApi, *, scenario: str = "demo", speed: float = SIM_SPEED, **settings: Any
+    certs: DevCerts,
+    tmp_path: Path,
+    api: SlackApi,
+    *,
+    scenario: str = "demo",
+    speed: float = SIM_SPEED,
+    launch: str = KIMI_LAUNCH,
+    **settings: Any,
 ) -> AsyncIterator[Served]:
     async with running_runner(runner_data(certs, tmp_path / "runner", scenario=scenario, speed=speed)) as daemon:
-        config = slack_config(bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"]), api, **settings)
+        bot = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"], launch=launch)
+        config = slack_config(bot, api, **settings)
         async with serving(config, port=0) as served:
             yield served
 

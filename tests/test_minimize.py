@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from bot.blocks import ACTION_MINIMIZE
 from bot.cli import main
+from bot.coordinator import Coordinator, StartedRun
 from bot.minimize import start_minimize
 from bot.record import RunRecord, StageResult
 from bot.refusal import Refused
@@ -102,17 +105,33 @@ def test_units_are_the_optional_flags_and_the_default_on_features() -> None:
 LAUNCH = KIMI_LAUNCH + " --max-num-seqs 64 --gpu-memory-utilization 0.92"
 
 
-async def test_minimize_shrinks_a_prefix_cache_crash_to_its_flag(certs: DevCerts, tmp_path: Path) -> None:
-    runner = runner_data(certs, tmp_path / "runner", scenario="prefix-cache-crash")
-    async with bot_core(certs, tmp_path, runner, launch=LAUNCH) as core:
-        original = await finished_run(core)
-        started = await start_minimize(core, original.run_id, "U1")
-        assert started.request.minimize.original_run_id == original.run_id
-        assert list(started.request.launch_argv) == LAUNCH.split()
-        assert started.request.request == original.request.request  # what the original sent, its probes sized on it
-        finished = await core.follow(started, ignore_event)
-        record = RunRecord.replay(started.run_id, await core.store.call(Store.events, started.run_id))
-        audit = await core.store.call(Store.audit_entries)
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def crashed(certs: DevCerts, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Crashed]:
+    """One runner and one finished prefix-cache-crash run whose ladder named its trigger: the tests below shrink
+    it each their own way (the bot core, the CLI), one after the other."""
+    folder = tmp_path_factory.mktemp("crashed")
+    runner = runner_data(certs, folder / "runner", scenario="prefix-cache-crash")
+    async with bot_core(certs, folder, runner, launch=LAUNCH) as core:
+        yield Crashed(core, await finished_run(core), folder)
+
+
+@dataclass(frozen=True)
+class Crashed:
+    core: Coordinator
+    original: StartedRun
+    folder: Path  # its store is folder/k3.db
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_minimize_shrinks_a_prefix_cache_crash_to_its_flag(crashed: Crashed) -> None:
+    core, original = crashed.core, crashed.original
+    started = await start_minimize(core, original.run_id, "U1")
+    assert started.request.minimize.original_run_id == original.run_id
+    assert list(started.request.launch_argv) == LAUNCH.split()
+    assert started.request.request == original.request.request  # what the original sent, its probes sized on it
+    finished = await core.follow(started, ignore_event)
+    record = RunRecord.replay(started.run_id, await core.store.call(Store.events, started.run_id))
+    audit = await core.store.call(Store.audit_entries)
     assert finished.status == pb.RUN_STATUS_COMPLETED
     assert [(s.stage, s.status) for s in record.steps if isinstance(s, StageResult)] == [
         ("freeze", "ok"),
@@ -168,7 +187,8 @@ def _config_file(tmp_path: Path, store: Path) -> Path:
 async def test_the_minimize_button_starts_a_run_with_its_own_thread(
     certs: DevCerts, tmp_path: Path, api: SlackApi
 ) -> None:
-    async with slack_bot(certs, tmp_path, api, scenario="prefix-cache-crash") as served:
+    launch = "vllm serve moonshotai/Kimi-K3 --tensor-parallel-size 8 --trust-remote-code --kv-cache-dtype fp8 --enable-prefix-caching"
+    async with slack_bot(certs, tmp_path, api, scenario="prefix-cache-crash", launch=launch) as served:
         await post(served, body := command_body("start cluster-a"), signed(body))
         await settle(served)
         store = Store(tmp_path / "k3.db")
@@ -202,20 +222,19 @@ async def test_the_minimize_button_starts_a_run_with_its_own_thread(
     assert actions == [("U-OPS", "start"), ("U-OPS", "start"), ("U-OPS", "minimize")]
 
 
+@pytest.mark.asyncio(loop_scope="module")
 async def test_k3repro_minimize_prints_the_failing_command(
-    certs: DevCerts, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    crashed: Crashed, certs: DevCerts, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    runner = runner_data(certs, tmp_path / "runner", scenario="prefix-cache-crash")
-    async with bot_core(certs, tmp_path, runner) as core:
-        original = await finished_run(core)
-        (tmp_path / "k3.toml").write_text(
-            f'store = "{tmp_path / "k3.db"}"\n'
-            f'[tls]\nca = "{certs.ca}"\ncert = "{certs.bot_cert}"\nkey = "{certs.bot_key}"\n'
-            f"[clusters.cluster-a]\nrunners = {json.dumps(list(core.config.cluster('cluster-a').runners))}\n"
-            f'image = "vllm/vllm-openai:kimi-k3"\nlaunch = {json.dumps(KIMI_LAUNCH)}\n'
-        )
-        capsys.readouterr()
-        code = await asyncio.to_thread(main, ["--config", str(tmp_path / "k3.toml"), "minimize", original.run_id])
+    core, original, config = crashed.core, crashed.original, crashed.folder / "k3.toml"
+    config.write_text(
+        f'store = "{crashed.folder / "k3.db"}"\n'
+        f'[tls]\nca = "{certs.ca}"\ncert = "{certs.bot_cert}"\nkey = "{certs.bot_key}"\n'
+        f"[clusters.cluster-a]\nrunners = {json.dumps(list(core.config.cluster('cluster-a').runners))}\n"
+        f'image = "vllm/vllm-openai:kimi-k3"\nlaunch = {json.dumps(LAUNCH)}\n'
+    )
+    capsys.readouterr()
+    code = await asyncio.to_thread(main, ["--config", str(config), "minimize", original.run_id])
     out = capsys.readouterr().out
     assert code == 0, out[-2000:]
     assert "minimize run " in out and f"of {original.run_id}" in out
