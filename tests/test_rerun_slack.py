@@ -70,7 +70,7 @@ async def test_the_rerun_button_posts_the_verdict_and_the_differences_in_the_ori
 async def test_a_rerun_a_stopped_bot_left_running_gets_its_verdict_in_the_thread_after_a_restart(
     certs: DevCerts, tmp_path: Path, api: SlackApi
 ) -> None:
-    async with _cluster(certs, tmp_path, api, isolated_speed=100) as config:  # slow enough to stop mid-rerun
+    async with _cluster(certs, tmp_path, api, isolated_speed=300) as config:  # a rerun of seconds: stopped mid-way
         async with serving(config, port=0) as served:
             original = await _start(served, config)
         store = AsyncStore(config.store)
