@@ -7,6 +7,7 @@ config would otherwise close the first one's live run as a leftover, and split t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import logging
 import os
@@ -181,10 +182,15 @@ def _lock_state_dir(state_dir: Path) -> IO[str]:
         holder = handle.read().strip() or "?"
         handle.close()
         raise DaemonStartError(f"state_dir {state_dir} is in use by another runner (pid {holder})") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"{os.getpid()}\n")
-    handle.flush()
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+    except OSError as exc:  # a full disk: the lock is ours, but nothing could be kept here
+        with contextlib.suppress(OSError):  # closing flushes again, and fails again (the file is closed all the same)
+            handle.close()
+        raise DaemonStartError(f"cannot use state_dir {state_dir}: {exc.strerror}") from None
     return handle
 
 

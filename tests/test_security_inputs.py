@@ -48,11 +48,14 @@ def taken_port() -> int:
 def test_the_runner_refuses_bad_configs_and_start_ups_in_one_line(certs: DevCerts, tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("")
     (tmp_path / "not.pem").write_text("hello")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "runner.lock").symlink_to("/dev/full")  # every write there: no space left on device
     cases = {
         "heartbeat_s = -1": RUNNER_HEAD + "heartbeat_s = -1\n" + SIM,
         "max_concurrent_runs = 0": RUNNER_HEAD + "max_concurrent_runs = 0\n" + SIM,
         "garbage listen": RUNNER_HEAD + 'listen = "nowhere"\n' + SIM,
         "state_dir a file": RUNNER_HEAD + 'state_dir = "a-file"\n' + SIM,
+        "state_dir on a full disk": RUNNER_HEAD + 'state_dir = "full"\n' + SIM,
         "speed -5": RUNNER_HEAD + SIM + "[engine.sim]\nspeed = -5\n",
         "missing TLS file": RUNNER_HEAD + _tls(certs, tmp_path / "absent.pem") + SIM,
         "cert not PEM": RUNNER_HEAD + _tls(certs, tmp_path / "not.pem") + SIM,
