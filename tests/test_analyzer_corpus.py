@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from runner.analyzer import Analysis, analyze_path
+from runner.analyzer import Analysis, analyze_path, analyze_text
 from tests.test_analyzer_support import CORPUS, SHARED_CORPUS, corpus_labels
 
 LABELS = corpus_labels()
@@ -64,6 +64,37 @@ def test_corpus_accuracy_per_field() -> None:
     print("\n".join(report))
     below = [f"{field} {rates[field]:.1%} < {FLOORS[field]:.0%}" for field in FIELDS if rates[field] < FLOORS[field]]
     assert not below, "\n".join([*below, *report])
+
+
+# How an engineer gets a log off a cluster: through a collector that prefixes every line (the line number is
+# each line's, so timestamps differ from line to line as a collector's would).
+COLLECTORS = {
+    "docker compose": lambda n, line: f"vllm-1  | {line}",
+    "docker logs -t": lambda n, line: f"2026-12-04T10:{n // 60 % 60:02d}:{n % 60:02d}.123456789Z {line}",
+    "kubectl --prefix": lambda n, line: f"[pod/vllm-0/vllm] {line}",
+    "a node's CRI log file": lambda n, line: f"2026-12-04T10:00:{n % 60:02d}.12345+00:00 stdout F {line}",
+    "journalctl": lambda n, line: f"Dec  4 10:{n // 60 % 60:02d}:{n % 60:02d} gpu-a1 vllm[4242]: {line}",
+    "journalctl -o short-iso": lambda n, line: f"2026-12-04T10:00:{n % 60:02d}+0000 gpu-a1 vllm[4242]: {line}",
+}
+
+
+@pytest.mark.parametrize("collector", sorted(COLLECTORS))
+def test_a_log_read_through_a_collector_reads_the_same(collector: str) -> None:
+    wrap = COLLECTORS[collector]
+    misses = []
+    for label in LABELS:
+        text = (CORPUS / "logs" / label["file"]).read_bytes().decode("utf-8", "replace")  # CRs kept, as in the file
+        wrapped = analyze_text("\n".join(wrap(n, line) for n, line in enumerate(text.split("\n"))))
+        plain, error = analysis(label["file"]).first_error, wrapped.first_error
+        same = (plain is None) == (error is None) and (
+            plain is None
+            or error is None
+            or (plain.phase, plain.category, plain.secondary_oom, plain.line_no)
+            == (error.phase, error.category, error.secondary_oom, error.line_no)
+        )
+        if not same:
+            misses.append(f"{label['file']}: {error and (error.phase, error.category, error.line_no)}")
+    assert not misses, f"{collector}: {len(misses)} of {len(LABELS)} logs read otherwise: {misses}"
 
 
 def test_every_secondary_oom_is_found() -> None:

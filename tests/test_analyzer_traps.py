@@ -226,8 +226,11 @@ def test_ansi_colours_display_like_the_labels() -> None:
         "vllm-1  | {}",
         "INFO 2025-11-19T20:16:36.096Z [resource.labels.containerName: vllm] {}",
         "2025-11-19T20:16:36.096638074Z {}",
+        "2025-11-19T20:16:36.096638074+00:00 stdout F {}",
+        "Nov 19 20:16:36 gpu-a1 vllm[4242]: {}",
+        "2025-11-19T20:16:36+0000 gpu-a1 vllm[4242]: {}",
     ],
-    ids=["docker-compose", "cloud-logging", "docker-logs-t"],
+    ids=["docker-compose", "cloud-logging", "docker-logs-t", "cri-log-file", "journalctl", "journalctl-short-iso"],
 )
 def test_collector_wrappers_are_stripped(wrap: str) -> None:
     lines = [wrap.format(line) for line in [*STARTUP, *ROOT_TB]]
