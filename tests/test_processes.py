@@ -220,7 +220,6 @@ async def test_a_cli_killed_mid_run_does_not_leave_its_cluster_active(certs: Dev
             third = _killed_mid_run(config)  # start settles the stale row itself, and its run is accepted
             assert third not in (first, second) and third in await _active_on_runner(stub)
             assert Store(tmp_path / "k3.db").get_run(second).status == "completed"
-            assert Store(tmp_path / "k3.db").get_run(second).status == "completed"
     finally:
         daemon.kill()
         daemon.wait(timeout=10)
