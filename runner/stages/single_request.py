@@ -3,8 +3,8 @@
 A request that kills the engine, fails while the server goes on serving (a 5xx with the engine's error logged),
 or never comes back is the failure being reproduced, exactly like a launch failure: its first error is saved and
 the minimal configuration is launched again and asked again (engine.failure_attempts in all), so whether it
-repeats is decided by evidence. A request the server refuses
-as invalid (a 4xx) says the fixed request is wrong, not the deployment: nothing is relaunched.
+repeats is decided by evidence. A request the server refuses as invalid (a 4xx) says the fixed request is wrong,
+not the deployment: nothing is relaunched.
 """
 
 from __future__ import annotations
