@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import io
 import json
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 from bot.cli import main
 from bot.commands import analyze
+from tests.test_analyzer_support import CORPUS
 
 ROOT = "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)"
 LOG = "\n".join(
@@ -143,6 +145,38 @@ def test_oversized_input(tmp_path: Path, capsys: pytest.CaptureFixture[str], mon
     big = tmp_path / "big.log"
     big.write_text("INFO 01-01 00:00:00 [x.py:1] ok\n" * 70_000)
     assert "larger than 1 MiB" in refused(str(big), capsys)
+
+
+def test_a_rotated_gzip_log_reads_as_the_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """logrotate and the kubelet keep older logs gzipped: a file or a pipe of one reads as the plain log."""
+    plain = CORPUS / "logs" / "018.log"  # CR progress bars, an OOM after a compile error: line numbers matter
+    packed = tmp_path / "vllm.log.1.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert run(str(plain), as_json=True) == 0
+    want = json.loads(capsys.readouterr().out)
+    assert run(str(packed), as_json=True) == 0
+    assert json.loads(capsys.readouterr().out) == want
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(packed.read_bytes())))
+    assert run("-", as_json=True) == 0
+    assert json.loads(capsys.readouterr().out) == want
+
+
+def test_a_damaged_or_hostile_gzip_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    whole = gzip.compress(LOG.encode() * 50)
+    cut = tmp_path / "cut.log.gz"
+    cut.write_bytes(whole[: len(whole) // 2])  # a rotation copied while it was written
+    assert "a damaged or cut-off gzip file" in refused(str(cut), capsys)
+    binary = tmp_path / "core.gz"
+    binary.write_bytes(gzip.compress(bytes(range(256)) * 64))
+    assert "gzip of binary data" in refused(str(binary), capsys)
+    monkeypatch.setattr(analyze, "MAX_BYTES", 1 << 20)
+    bomb = tmp_path / "bomb.log.gz"  # 64 MiB of log lines in a few hundred KiB: stopped at the limit
+    bomb.write_bytes(gzip.compress(b"INFO 01-01 00:00:00 [x.py:1] ok\n" * (2 << 20)))
+    assert bomb.stat().st_size < 1 << 20 and "larger than 1 MiB" in refused(str(bomb), capsys)
 
 
 def test_start_with_a_log_that_cannot_be_used_is_one_line_and_starts_nothing(

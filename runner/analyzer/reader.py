@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import codecs
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import Protocol
 
 CHUNK_BYTES = 1 << 20
 SNIFF_BYTES = 64 * 1024
@@ -30,23 +30,28 @@ def looks_binary(head: bytes) -> bool:
     return decoded.count("\ufffd") > MAX_INVALID_SHARE * len(head)
 
 
+class Readable(Protocol):
+    """What a log is read from: a file, a pipe, an unpacked gzip stream."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
 class PrefixedReader:
     """A byte stream whose first bytes were already read (to sniff them), readable again from the start."""
 
-    def __init__(self, head: bytes, rest: BinaryIO) -> None:
+    def __init__(self, head: bytes, rest: Readable) -> None:
         self._head = head
         self._rest = rest
 
     def read(self, size: int = -1) -> bytes:
         if self._head:
-            head, self._head = self._head, b""
+            cut = len(self._head) if size < 0 else size  # never more than asked: a gzip reader counts on it
+            head, self._head = self._head[:cut], self._head[cut:]
             return head
         return self._rest.read(size)
 
 
-def iter_lines(
-    stream: BinaryIO | PrefixedReader, *, max_line_chars: int, max_bytes: int | None = None
-) -> Iterator[str]:
+def iter_lines(stream: Readable, *, max_line_chars: int, max_bytes: int | None = None) -> Iterator[str]:
     """Lines of a byte stream without their LF. A line longer than max_line_chars is cut there (the
     rest is skipped without being held in memory). InputError past max_bytes."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import gzip
 import io
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from runner.analyzer import scan
 from runner.analyzer.reader import SNIFF_BYTES, InputError, PrefixedReader, iter_lines, looks_binary
 from runner.analyzer.rules import Rules, default_rules
 from runner.analyzer.stream import ErrorFinding, StreamAnalyzer
+
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,8 @@ def analyze_stream(
     fast = scan.usable(stream, rules)
     start = stream.tell() if fast else 0
     head = stream.read(SNIFF_BYTES)
+    if head.startswith(GZIP_MAGIC):
+        return _analyze_gzip(PrefixedReader(head, stream), name, rules, max_bytes)
     if looks_binary(head):
         raise InputError(f"{name}: binary data, not a text log")
     if fast:
@@ -117,6 +123,20 @@ def analyze_stream(
         return _finish(*scan.analyze_file(stream, rules))
     reader = PrefixedReader(head, stream)
     return analyze_lines(iter_lines(reader, max_line_chars=rules.line.max_chars, max_bytes=max_bytes), rules)
+
+
+def _analyze_gzip(raw: PrefixedReader, name: str, rules: Rules, max_bytes: int | None) -> Analysis:
+    """A rotated log as logrotate and the kubelet leave it (`vllm.log.1.gz`, `0.log.20261204-101010.gz`): read
+    as it is unpacked, every line streamed; max_bytes counts what it unpacks to, so a bomb stops there."""
+    try:
+        unpacked = gzip.GzipFile(fileobj=cast(BinaryIO, raw), mode="rb")  # read() is all it uses
+        head = unpacked.read(SNIFF_BYTES)
+        if looks_binary(head):
+            raise InputError(f"{name}: gzip of binary data, not a text log")
+        lines = iter_lines(PrefixedReader(head, unpacked), max_line_chars=rules.line.max_chars, max_bytes=max_bytes)
+        return analyze_lines(lines, rules)
+    except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
+        raise InputError(f"{name}: a damaged or cut-off gzip file ({exc or type(exc).__name__})") from None
 
 
 def analyze_path(path: str | Path, rules: Rules | None = None, *, max_bytes: int | None = None) -> Analysis:
