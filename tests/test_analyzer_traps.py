@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from runner.analyzer import analyze_text
+from runner.analyzer import analyze_text, default_rules
+from runner.analyzer.lines import LineParser
 from tests.test_analyzer_support import traceback
 
 CORE = "(EngineCore_DP0 pid=68) "
@@ -239,6 +240,11 @@ def test_collector_wrappers_are_stripped(wrap: str) -> None:
     assert result.first_error is not None
     assert result.first_error.line == lines[-1]
     assert result.first_error.category == "nccl_comm"
+    # what is left once the wrapper goes is vLLM's own line: its process, level and call site
+    parsed = LineParser(default_rules().line).parse(
+        wrap.format("(Worker_TP1 pid=7) ERROR 11-19 20:16:36 [core.py:866] x")
+    )
+    assert (parsed.proc, parsed.level, parsed.src, parsed.msg) == ("(Worker_TP1 pid=7)", "ERROR", "core.py:866", "x")
 
 
 def test_v0_error_header_repeating_the_exception_is_the_root_line() -> None:

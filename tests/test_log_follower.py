@@ -21,7 +21,7 @@ WARNING = "(APIServer pid=7) WARNING 12-03 10:00:00 [serving.py:1] the request a
 ACCESS = 'INFO:     127.0.0.1:5000 - "POST /v1/chat/completions HTTP/1.1" 200 OK'
 
 
-async def _follow(script: str) -> tuple[LogFollower, ProcessEngine]:
+async def _follow(script: str, serving: bool = True) -> tuple[LogFollower, ProcessEngine]:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -35,7 +35,10 @@ async def _follow(script: str) -> tuple[LogFollower, ProcessEngine]:
     async def emit(**_: object) -> pb.RunEvent:
         return pb.RunEvent()
 
-    return LogFollower(engine, emit, "test", Clock()), engine
+    async def answers_health() -> bool:
+        return serving
+
+    return LogFollower(engine, emit, "test", Clock(), answers_health), engine
 
 
 async def test_an_answer_in_the_access_log_ends_the_wait_with_the_warnings_before_it_read() -> None:
@@ -79,14 +82,10 @@ async def test_a_failed_answer_the_server_survived_settles_its_traceback_at_once
     read and nothing settles the traceback, so waiting longer only costs time. A server that stopped answering
     may still be logging (another process's error, its death): it gets the whole moment."""
     lines = [*TRACEBACK, FAILED_ACCESS]
-    follower, engine = await _follow(f"import time; print('\\n'.join({lines!r}), flush=True); time.sleep(10)")
+    follower, engine = await _follow(f"import time; print('\\n'.join({lines!r}), flush=True); time.sleep(10)", goes_on)
     await follower.until_answered("/v1/chat/completions", 0, 3.0)
-
-    async def serving() -> bool:
-        return goes_on
-
     started = time.monotonic()
-    await follower.wait_first_error(serving)
+    await follower.wait_first_error()
     waited = time.monotonic() - started
     assert follower.first_error.done() and follower.first_error.result().line == TRACEBACK[-1]
     assert waited < 0.5 if goes_on else waited >= ERROR_WAIT_S - 0.05

@@ -23,6 +23,7 @@ import time
 from collections.abc import Awaitable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
+from functools import partial
 from typing import Any, TypeVar
 
 import aiohttp
@@ -254,28 +255,21 @@ class Outbox:
         Slack answers a page at a time: a thread whose humans talked past a page, or a busy channel since the
         attempt, puts it beyond the first, so the look-up follows the cursor."""
         channel = args["channel"]
+        if args.get("thread_ts"):
+            pages = partial(self.client.conversations_replies, channel=channel, ts=args["thread_ts"])
+        else:
+            since = f"{datetime.fromisoformat(row.created_at).timestamp() - 60:.6f}" if row.created_at else None
+            pages = partial(self.client.conversations_history, channel=channel, oldest=since)
         cursor: str | None = None
         for _ in range(FIND_PAGES):
-            if args.get("thread_ts"):
-                answer = await self.client.conversations_replies(
-                    channel=channel, ts=args["thread_ts"], include_all_metadata=True, limit=FIND_PAGE, cursor=cursor
-                )
-            else:
-                oldest = datetime.fromisoformat(row.created_at).timestamp() - 60 if row.created_at else None
-                answer = await self.client.conversations_history(
-                    channel=channel,
-                    include_all_metadata=True,
-                    limit=FIND_PAGE,
-                    oldest=f"{oldest:.6f}" if oldest else None,
-                    cursor=cursor,
-                )
+            answer = await pages(include_all_metadata=True, limit=FIND_PAGE, cursor=cursor)
             for message in answer.get("messages") or []:
                 payload = (message.get("metadata") or {}).get("event_payload") or {}
                 if payload.get(KEY_FIELD) == write.key:
                     return {"channel": channel, "ts": message["ts"]}
             cursor = (answer.get("response_metadata") or {}).get("next_cursor") or None
             if cursor is None:
-                return None
+                break
         return None
 
     async def _upload(self, row: OutboxRow, write: Write, args: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 from runner.analyzer import scan
-from runner.analyzer.reader import SNIFF_BYTES, InputError, PrefixedReader, iter_lines, looks_binary
+from runner.analyzer.reader import SNIFF_BYTES, InputError, PrefixedReader, Readable, iter_lines, looks_binary
 from runner.analyzer.rules import Rules, default_rules
 from runner.analyzer.stream import ErrorFinding, StreamAnalyzer
 
@@ -113,16 +113,25 @@ def analyze_stream(
     head = stream.read(SNIFF_BYTES)
     if head.startswith(GZIP_MAGIC):
         return _analyze_gzip(PrefixedReader(head, stream), name, rules, max_bytes)
-    if looks_binary(head):
-        raise InputError(f"{name}: binary data, not a text log")
+    _refuse_binary(head, f"{name}: binary data")
     if fast:
         size = stream.seek(0, io.SEEK_END) - start
         if max_bytes is not None and size > max_bytes:
             raise InputError(f"input is larger than {max_bytes // (1 << 20)} MiB")
         stream.seek(start)
         return _finish(*scan.analyze_file(stream, rules))
-    reader = PrefixedReader(head, stream)
-    return analyze_lines(iter_lines(reader, max_line_chars=rules.line.max_chars, max_bytes=max_bytes), rules)
+    return _analyze_read(head, stream, rules, max_bytes)
+
+
+def _analyze_read(head: bytes, rest: Readable, rules: Rules, max_bytes: int | None) -> Analysis:
+    """Every line streamed, the sniffed head first; InputError past max_bytes."""
+    lines = iter_lines(PrefixedReader(head, rest), max_line_chars=rules.line.max_chars, max_bytes=max_bytes)
+    return analyze_lines(lines, rules)
+
+
+def _refuse_binary(head: bytes, what: str) -> None:
+    if looks_binary(head):
+        raise InputError(f"{what}, not a text log")
 
 
 def _analyze_gzip(raw: PrefixedReader, name: str, rules: Rules, max_bytes: int | None) -> Analysis:
@@ -131,10 +140,8 @@ def _analyze_gzip(raw: PrefixedReader, name: str, rules: Rules, max_bytes: int |
     try:
         unpacked = gzip.GzipFile(fileobj=cast(BinaryIO, raw), mode="rb")  # read() is all it uses
         head = unpacked.read(SNIFF_BYTES)
-        if looks_binary(head):
-            raise InputError(f"{name}: gzip of binary data, not a text log")
-        lines = iter_lines(PrefixedReader(head, unpacked), max_line_chars=rules.line.max_chars, max_bytes=max_bytes)
-        return analyze_lines(lines, rules)
+        _refuse_binary(head, f"{name}: gzip of binary data")
+        return _analyze_read(head, unpacked, rules, max_bytes)
     except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
         raise InputError(f"{name}: a damaged or cut-off gzip file ({exc or type(exc).__name__})") from None
 

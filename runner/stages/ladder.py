@@ -23,7 +23,7 @@ from runner.analyzer import default_rules
 from runner.analyzer.signature import signature
 from runner.stages import probes, proxies
 from runner.stages.context import Attempt, RunContext, StageResult, StepOutcome
-from runner.stages.launcher import attempt_of, foreign_now, healthy_now, launch
+from runner.stages.launcher import attempt_of, foreign_now, launch
 from runner.stages.prometheus import counter_total
 from runner.vllm_cli import ServeCommand
 
@@ -313,7 +313,7 @@ async def _request_failed(
     out already gave the log its time)."""
     follower = ctx.follower
     if follower is not None and not probes.timed_out(result):
-        await follower.wait_first_error(lambda: healthy_now(ctx.base_url))
+        await follower.wait_first_error()
     error = follower.first_error.result() if follower is not None and follower.first_error.done() else None
     error = error or await probes.hang_of(ctx, result)
     summary = result.error or f"HTTP {result.http_status}"

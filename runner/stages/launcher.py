@@ -83,8 +83,8 @@ async def launch(ctx: RunContext, command: ServeCommand, source: str) -> Launch:
         raise
     if ctx.engine.image_id:
         ctx.images.append(ctx.engine.image_id)
-    ctx.follower = follower = LogFollower(ctx.engine, ctx.emit, source, ctx.clock)
-    ctx.base_url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+    ctx.base_url = base_url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+    ctx.follower = follower = LogFollower(ctx.engine, ctx.emit, source, ctx.clock, lambda: healthy_now(base_url))
     ctx.running = command
     ready, summary, failure = await _until_ready(ctx, follower)
     error = follower.first_error.result() if follower.first_error.done() else None

@@ -27,8 +27,11 @@ ACCESS_LINE = re.compile(r'"[A-Z]+ (?P<path>[^ ?"]+)\S* HTTP/[\d.]+" (?P<status>
 
 
 class LogFollower:
-    def __init__(self, engine: RunningEngine, emit: Emit, source: str, clock: Clock) -> None:
+    def __init__(
+        self, engine: RunningEngine, emit: Emit, source: str, clock: Clock, serving: Callable[[], Awaitable[bool]]
+    ) -> None:
         self.engine = engine
+        self._serving = serving  # whether the server still answers /health (asked after a failed answer)
         self.clock = clock  # the engine's: the analyzer's progress times and every wait here count it
         self.analyzer = StreamAnalyzer(started_at=clock.now())
         self.first_error: asyncio.Future[ErrorFinding] = asyncio.get_running_loop().create_future()
@@ -127,17 +130,17 @@ class LogFollower:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._access.wait(), left)
 
-    async def wait_first_error(self, serving: Callable[[], Awaitable[bool]]) -> None:
+    async def wait_first_error(self) -> None:
         """Gives the log a moment to show the first error behind a failed answer, then settles what the analyzer
         still holds open: a server that goes on serving writes no line that would.
 
         No moment is needed when the last answer the log showed is the failure (a 5xx access line: every line
-        any process logged before it has been read) and the server still answers /health (`serving`): nothing
-        of that request is left to come."""
+        any process logged before it has been read) and the server still answers /health: nothing of that
+        request is left to come."""
         if self.first_error.done():
             return
-        answered = self._last_status >= 500 and await serving()
-        if not answered and await self.clock.wait([self.first_error], self.clock.limit(ERROR_WAIT_S)):
+        all_read = self._last_status >= 500 and await self._serving()
+        if not all_read and await self.clock.wait([self.first_error], self.clock.limit(ERROR_WAIT_S)):
             return
         for finding in self.analyzer.settle():
             await self._found(finding)

@@ -55,7 +55,7 @@ async def _engine_error(ctx: RunContext, results: list[pb.RequestResult]) -> Err
     if follower is None or all(r.http_status == 200 or refused_as_invalid(r) for r in results):
         return None
     if not follower.first_error.done():
-        await follower.wait_first_error(lambda: healthy_now(ctx.base_url))
+        await follower.wait_first_error()
     return follower.first_error.result() if follower.first_error.done() else None
 
 
