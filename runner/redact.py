@@ -36,6 +36,10 @@ _FLAG_IN_TEXT = re.compile(
 )
 # An environment-style assignment in free text: `HF_TOKEN=x`, `export DB_PASSWORD="x"`, `"HF_TOKEN": "x"`.
 _ENV_IN_TEXT = re.compile(r"""(?<![\w-])(?P<name>[A-Z][A-Z0-9_]*)["']?\s*[=:]\s*["']?(?P<secret>[^\s"',;]+)""")
+# One item of a list printed as Python or JSON does (`'KEY1', "KEY2", 3`): a placeholder, a quoted string, a word.
+_LIST_ITEM = re.compile(
+    r"""\[REDACTED:[0-9a-f]{8}\]|(?P<quote>['"])(?P<item>(?:(?!(?P=quote))[^\\]|\\.)*)(?P=quote)|[^\s'",]+"""
+)
 # Terminal control sequences (ANSI CSI/OSC, C0/C1 controls but tab and newline): a crafted text must not
 # move the cursor, retitle the terminal or hide a line.
 _CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -56,7 +60,12 @@ class Redactor:
         """The placeholder of one secret value."""
         if PLACEHOLDER.fullmatch(secret):
             return secret  # already redacted: redaction is idempotent
-        return f"[REDACTED:{hmac.new(self.key, secret.encode(), hashlib.sha256).hexdigest()[:8]}]"
+        return f"[REDACTED:{self.digest(secret.encode())[:8]}]"
+
+    def digest(self, data: bytes) -> str:
+        """HMAC-SHA256 of `data` under the redaction key: recognises equal data without letting anyone who
+        reads the digest confirm a guess of what it hashes."""
+        return hmac.new(self.key, data, hashlib.sha256).hexdigest()
 
     def is_secret_flag(self, written: str) -> bool:
         """Whether a flag as written takes a secret. vLLM's parser reads `_` as `-` and accepts any unique
@@ -95,10 +104,7 @@ class Redactor:
     def json_value(self, value: Any) -> Any:
         """A parsed JSON value: secret keys' values masked, string lists read as argv, other strings as text."""
         if isinstance(value, dict):
-            return {
-                k: self.mask(v) if isinstance(v, str) and self._secret_key(k) else self.json_value(v)
-                for k, v in value.items()
-            }
+            return {k: self._mask_all(v) if self._secret_key(k) else self.json_value(v) for k, v in value.items()}
         if isinstance(value, list):
             if value and all(isinstance(v, str) for v in value):
                 return self.argv(value)
@@ -122,6 +128,16 @@ class Redactor:
         repeated string (an argv, a log chunk's lines) as an argv, so a secret flag's next token is masked."""
         return map_strings(message, self.line, json_content=self.json_text, texts=self.argv)
 
+    def _mask_all(self, value: Any) -> Any:
+        """A secret key's value: a string masked, every string in a list or object under it too."""
+        if isinstance(value, str):
+            return self.mask(value)
+        if isinstance(value, list):
+            return [self._mask_all(v) for v in value]
+        if isinstance(value, dict):
+            return {k: self._mask_all(v) for k, v in value.items()}
+        return value
+
     def _secret_key(self, key: str) -> bool:
         return bool(self.secret_keys.search(key)) or (key.isupper() and bool(self.env_names.search(key)))
 
@@ -131,9 +147,19 @@ class Redactor:
     def _mask_match(self, match: re.Match[str]) -> str:
         if PLACEHOLDER.fullmatch(match.group(0)):
             return match.group(0)
+        if "secret_list" in match.re.groupindex and match.group("secret_list") is not None:
+            start, end = match.span("secret_list")
+            items = _LIST_ITEM.sub(self._mask_item, match.group("secret_list"))
+            return match.string[match.start() : start] + items + match.string[end : match.end()]
         if "secret" in match.re.groupindex and match.group("secret") is not None:
             return self._mask_group(match)
         return self.mask(match.group(0))
+
+    def _mask_item(self, match: re.Match[str]) -> str:
+        quote, item = match.group("quote"), match.group("item")
+        if quote is None or item is None:  # a placeholder, or a bare word
+            return self.mask(match.group(0))
+        return f"{quote}{self.mask(item)}{quote}" if item else match.group(0)
 
     def _mask_group(self, match: re.Match[str]) -> str:
         start, end = match.span("secret")

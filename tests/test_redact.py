@@ -132,3 +132,74 @@ def test_a_protobuf_message_is_redacted_in_every_string_field() -> None:
 
 def test_terminal_control_sequences_are_removed() -> None:
     assert printable("ok\x1b[2J\x1b]0;pwned\x07 \x1b[31mred\x1b[0m\x08\ttab\n") == "ok red\ttab\n"
+
+
+# issue 28: shapes the rules missed; each text -> the secret in it (a value the redactor must not leave)
+SHAPES = {
+    "api_key list (older vLLM)": (
+        "non-default args: {'api_key': ['ListKeyOne', 'ListKeyTwo'], 'model': 'm'}",
+        "ListKeyOne",
+        "ListKeyTwo",
+    ),
+    "api_key list cut off": ("non-default args: {'api_key': ['CutOffKey1', 'CutOffK", "CutOffKey1", "CutOffK"),
+    "api_key JSON list": ('{"api_key": ["JsonListKey1"]}', "JsonListKey1"),
+    "aws lower-case": ("aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "wJalrXUtnFEMI"),
+    "aws in a connector's config": (
+        '--kv-transfer-config {"kv_connector":"X","kv_connector_extra_config":{"aws_secret_access_key":"AwsJson99"}}',
+        "AwsJson99",
+    ),
+    "aws in vLLM's config repr": ("kv_connector_extra_config={'aws_secret_access_key': 'AwsRepr99'}", "AwsRepr99"),
+    "azure AccountKey": (
+        "DefaultEndpointsProtocol=https;AccountName=a;AccountKey=Az+Key/Val==;EndpointSuffix=core.windows.net",
+        "Az+Key/Val==",
+    ),
+    "azure SharedAccessKey": ("Endpoint=sb://x/;SharedAccessKeyName=n;SharedAccessKey=SbKey123=", "SbKey123="),
+    "URL password with /": ("https://ops:Pass/Word9@hub.internal/x", "Pass/Word9"),
+    "URL password, no user": ("redis://:RedisPw77@cache:6379/0", "RedisPw77"),
+    "SAS sig=": ("https://a.blob.core.windows.net/c?sv=2022-11-02&sig=SasSig%2B9%3D&se=x", "SasSig%2B9%3D"),
+    "Authorization=Basic": ("Authorization=Basic dXNlcjpwYXNzd29yZA==", "dXNlcjpwYXNzd29yZA=="),
+    "bare JWT": (
+        "got eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U back",
+        "eyJzdWIiOiIxMjM0NTY3ODkwIn0",
+    ),
+    "Slack webhook": ("https://hooks.slack.com/services/T0AB12CD3/B0AB12CD3/aBcDeFgHiJkLmNoPqRsTuVwX", "aBcDeFgHiJ"),
+    "*_PASS variable": ("export REDIS_PASS=RedisPass12 DB_PASSPHRASE=Phrase34", "RedisPass12", "Phrase34"),
+    "short hf_ token": ("token is hf_AbC123xyz", "hf_AbC123xyz"),
+    "pydantic input_value": ("[type=int_parsing, input_value='PydanticEcho1', input_type=str]", "PydanticEcho1"),
+    "pydantic input_value cut off": ("[type=value_error, input_value='PydanticCutOf", "PydanticCutOf"),
+    "AWS temporary key id": ("ASIAIOSFODNN7EXAMPLE", "ASIAIOSFODNN7EXAMPLE"),
+    "Google API key": ("key AIzaSyA-1234567890abcdefghijklmnopqrstu", "AIzaSyA-1234567890abcdefghijklmnopqrstu"),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_shape_is_masked_once_and_stays_masked(shape: str) -> None:
+    text, *values = SHAPES[shape]
+    r = redactor()
+    out = r.json_text(text) if text.startswith("{") else r.line(text)
+    assert [v for v in values if v in out] == [] and "[REDACTED:" in out, out
+    assert r.line(out) == out  # idempotent: a redacted text redacted again is unchanged
+    assert r.argv(["vllm", text])[1] == r.line(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "non-default args: {'api_key': '***', 'hf_token': '***', 'hf_overrides': {}, 'served_model_name': ['m']}",
+        "hf_overrides hf_config_path hf_token hf_transfer",
+        "GET http://127.0.0.1:8000/v1/models and docker://registry.io:5000/vllm/vllm-openai@sha256:0123abcd",
+        "{'max_num_batched_tokens': 512, 'tokens': [1, 2, 3], 'prompt_tokens_details': None}",
+        "VLLM_ENABLE_PREGRAD_PASSES=1 TORCHINDUCTOR_DISABLED_PASSES=x BYPASS=1",
+        "[type=value_error, input_value=ArgsKwargs((), {'tensor_parallel_size': 2}), input_type=ArgsKwargs]",
+        "https://hooks.slack.com/ is documented at https://api.slack.com/messaging/webhooks",
+    ],
+)
+def test_configuration_that_looks_like_those_shapes_is_left_alone(text: str) -> None:
+    assert redactor().line(text) == text
+
+
+def test_the_digest_is_keyed() -> None:
+    r = redactor()
+    other = Redactor(r.env_names, r.secret_flags, r.text, b"another key")
+    assert r.digest(b"request") == r.digest(b"request") != other.digest(b"request")
+    assert len(r.digest(b"request")) == 64

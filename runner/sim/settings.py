@@ -148,8 +148,10 @@ def _human_int(command: ServeCommand, name: str) -> int:
 
 
 def _non_default_args(command: ServeCommand) -> dict[str, object]:
-    """The `non-default args: {...}` dict: typed like argparse would, frontend flags before the model."""
-    frontend = set(load("log.toml")["cli"]["frontend_args"])
+    """The `non-default args: {...}` dict: typed like argparse would, frontend flags before the model, and
+    the values vLLM hides (`--api-key`, `--hf-token`) as the '***' it prints."""
+    cli = load("log.toml")["cli"]
+    frontend, sensitive = set(cli["frontend_args"]), set(cli["sensitive_args"])
     early: dict[str, object] = {}
     late: dict[str, object] = {"model": command.model}
     for option in command.options:
@@ -163,6 +165,8 @@ def _non_default_args(command: ServeCommand) -> dict[str, object]:
                 value = {option.subkey: value}
         elif isinstance(option.value, str):
             value = _number_or_text(option.value)
+        if key in sensitive:
+            value = "***"
         (early if key in frontend else late)[key] = value
     return {**early, **late}
 
