@@ -1,14 +1,16 @@
 """The runner's local event journal: every event of every run, so a bot can replay after a disconnect.
 
 Writes are small and synchronous on the event loop (a few per second at most), in WAL mode. A run's request
-is kept redacted, with the sha256 of the request as sent: enough to recognise a retried StartRun, and no
-secret rests on the runner's disk.
+is kept redacted, with an HMAC of the request as sent under the redaction key: enough to recognise a retried
+StartRun, and no secret rests on the runner's disk, not even as a digest a guess could be checked against.
+The journal is its owner's alone: the file 0600 in a 0700 folder (`keep_private`, the bot's store uses it too).
 """
 
 from __future__ import annotations
 
-import hashlib
+import os
 import sqlite3
+import stat
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +23,7 @@ CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY,
     request BLOB NOT NULL,
     request_sha256 TEXT NOT NULL DEFAULT '',
+    request_hmac TEXT NOT NULL DEFAULT '',
     started_at TEXT NOT NULL,
     finished_at TEXT
 );
@@ -35,7 +38,7 @@ CREATE TABLE IF NOT EXISTS events (
 
 class Journal:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        keep_private(path)
         self._db = sqlite3.connect(path, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -43,13 +46,18 @@ class Journal:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(runs)")}
         if "request_sha256" not in columns:  # a journal written before requests were kept redacted
             self._db.execute("ALTER TABLE runs ADD COLUMN request_sha256 TEXT NOT NULL DEFAULT ''")
+        if "request_hmac" not in columns:  # before the digest was keyed: the plain sha256s go, overwritten
+            self._db.execute("ALTER TABLE runs ADD COLUMN request_hmac TEXT NOT NULL DEFAULT ''")
+            self._db.execute("PRAGMA secure_delete=ON")
+            self._db.execute("UPDATE runs SET request_sha256 = '' WHERE request_sha256 != ''")
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def close(self) -> None:
         self._db.close()
 
     def add_run(self, request: pb.StartRunRequest) -> None:
         self._db.execute(
-            "INSERT INTO runs (run_id, request, request_sha256, started_at) VALUES (?, ?, ?, ?)",
+            "INSERT INTO runs (run_id, request, request_hmac, started_at) VALUES (?, ?, ?, ?)",
             (request.run_id, redactor().message(request).SerializeToString(), request_digest(request), _now()),
         )
 
@@ -59,8 +67,9 @@ class Journal:
         return None if row is None else pb.StartRunRequest.FromString(row[0])
 
     def request_sha256(self, run_id: str) -> str | None:
-        """The digest of the run's request as it was sent (see `request_digest`); None for an unknown run."""
-        row = self._db.execute("SELECT request_sha256 FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        """The keyed digest of the run's request as it was sent (see `request_digest`); None for an unknown
+        run, '' for one journaled before the digest was keyed."""
+        row = self._db.execute("SELECT request_hmac FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         return None if row is None else str(row[0])
 
     def append(self, event: pb.RunEvent) -> None:
@@ -99,8 +108,37 @@ class Journal:
 
 
 def request_digest(request: pb.StartRunRequest) -> str:
-    """Identifies a request without keeping it: deterministic serialisation, so a retry hashes the same."""
-    return hashlib.sha256(request.SerializeToString(deterministic=True)).hexdigest()
+    """Identifies a request without keeping it: HMAC-SHA256 under the redaction key (K3REPRO_REDACTION_KEY,
+    else random per process) of its deterministic serialisation, so a retry hashes the same and a reader of
+    the journal cannot confirm a guessed secret. A runner restarted without that key set recognises no
+    retry of a run from before the restart (the retry is refused as a different request)."""
+    return redactor().digest(request.SerializeToString(deterministic=True))
+
+
+def keep_private(path: Path) -> None:
+    """A state file only its owner can read: its folder 0700 (created so; tightened when it is ours and not
+    a shared sticky folder like /tmp), the file and SQLite's -wal, -shm and -journal beside it 0600. Called
+    before SQLite opens the file: SQLite creates its -wal and -shm with the database's mode."""
+    folder = path.parent
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for created in reversed(missing):
+        created.mkdir(mode=0o700, exist_ok=True)
+    _tighten(path.parent, 0o700)
+    if not path.exists():
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    for file in (path, *(path.with_name(path.name + suffix) for suffix in ("-wal", "-shm", "-journal"))):
+        if file.exists():
+            _tighten(file, 0o600)
+
+
+def _tighten(path: Path, mode: int) -> None:
+    status = path.stat()
+    shared = stat.S_ISDIR(status.st_mode) and status.st_mode & stat.S_ISVTX
+    if status.st_uid == os.geteuid() and not shared and stat.S_IMODE(status.st_mode) != mode:
+        path.chmod(mode)
 
 
 def _now() -> str:

@@ -42,6 +42,7 @@ from bot.store.rows import (
 from bot.store.runs import RunTables
 from bot.store.schema import MIGRATIONS
 from bot.store.slack import THREAD_REFS, SlackTables
+from runner.journal import keep_private
 
 __all__ = [
     "ACTIVE",
@@ -75,7 +76,7 @@ T = TypeVar("T")
 class Store(RunTables, SlackTables, LogTables):
     def __init__(self, path: Path) -> None:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            keep_private(path)  # the file 0600 (its -wal and -shm follow it) in a 0700 folder
             self.db = sqlite_utils.Database(path)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA busy_timeout=5000")
