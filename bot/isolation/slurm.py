@@ -2,13 +2,18 @@
 
 The job writes its runner's port to a file in a shared folder; the node comes from `squeue`. A job still
 pending after `queue_wait_s` is cancelled and reported, never waited on forever; release is `scancel`.
+
+The job gets an environment built from an allowlist (`job_env`), never the bot's whole one: its Slack tokens
+and anything else it holds stay on the bot's host.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from bot.config import IsolationConfig
@@ -17,6 +22,18 @@ from bot.isolation.base import IsolationError, Placement
 START_S = 60.0  # from RUNNING to the runner's port file: the runner's own start-up
 GONE_S = 30.0  # after scancel: how long release waits for the job to leave the queue
 LIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"}
+# The bot's variables a job is given, by name: what any process needs, the redaction key (the isolated
+# runner's placeholders then equal the bot's and the original runner's), proxies and CA bundles, and the hub's
+# settings and token an engine on the node needs to fetch the weights. Slurm adds its own SLURM_*.
+JOB_ENV_NAMES = frozenset(
+    {
+        "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "LD_LIBRARY_PATH",
+        "K3REPRO_REDACTION_KEY",
+        "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+        "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+    }
+)  # fmt: skip
+JOB_ENV_PREFIXES = ("LC_", "HF_", "HUGGING_FACE_")
 
 
 class SlurmProvider:
@@ -37,7 +54,7 @@ class SlurmProvider:
             f"--job-name=k3repro-{rerun_id}",
             f"--time={c.time_limit}",
             f"--output={work / 'job.out'}",
-            f"--export=ALL,K3REPRO_RUNNER={runner}",
+            f"--export={','.join([*job_env(os.environ), f'K3REPRO_RUNNER={runner}'])}",
         ]
         for option, value in (
             ("partition", c.partition),
@@ -101,6 +118,19 @@ class SlurmProvider:
             if (await _job(job))[0] not in LIVE_STATES or time.monotonic() >= deadline:
                 return
             await asyncio.sleep(0.2)
+
+
+def job_env(environ: Mapping[str, str]) -> list[str]:
+    """The names of `environ`'s variables a job gets (`--export=NAME,...`: sbatch copies each value from its
+    own environment, so none is on a command line); a name with a character Slurm's list cannot carry is left
+    out."""
+    return sorted(
+        name
+        for name in environ
+        if (name in JOB_ENV_NAMES or name.startswith(JOB_ENV_PREFIXES))
+        and name.isascii()
+        and name.replace("_", "").isalnum()
+    )
 
 
 async def _job(job: str) -> tuple[str, str, str]:
