@@ -193,6 +193,30 @@ def card(view: RunRecord) -> Message:
     return fit(f"{mark} k3repro {kind} {view.run_id} on {view.cluster}: {state}", blocks)
 
 
+MAX_CONFIRM_TEXT = 300  # Slack's limit on a confirmation dialog's text
+LAUNCH_CONFIRMS = {  # button -> (its dialog's title, its confirm button)
+    ACTION_RERUN: ("Rerun on an isolated node of {cluster}?", "Rerun"),
+    ACTION_MINIMIZE: ("Minimize the flags on {cluster}?", "Minimize"),
+}
+
+
+def confirm_launches(card: Message, cluster: str, command: str) -> Message:
+    """The card with a confirmation dialog on each button that launches something (Rerun, Minimize): it shows
+    `command` (the cluster's configured launch command, redacted by the caller) before Slack sends the click.
+    A command over Slack's 300 characters of dialog text is shortened, with an ellipsis."""
+    for block in card.blocks:
+        for button in block.get("elements", []) if block["type"] == "actions" else []:
+            if button.get("action_id") in LAUNCH_CONFIRMS:
+                title, go = LAUNCH_CONFIRMS[button["action_id"]]
+                button["confirm"] = {
+                    "title": _plain(clip(title.format(cluster=cluster), 100)),
+                    "text": _plain(clip(f"Launches: {command}", MAX_CONFIRM_TEXT)),
+                    "confirm": _plain(go),
+                    "deny": _plain("Not now"),
+                }
+    return card
+
+
 def checklist(view: RunRecord) -> Message:
     """The live checklist: the same blocks from first to last state (a heading, one per item, a footer), so
     every chat.update keeps the layout."""

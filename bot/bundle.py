@@ -6,7 +6,10 @@ integrity in transit, not who made the bundle: an imported bundle is hostile inp
 the limits below from the stream (never trusting a size the file or a header claims), checks every member
 against a schema, takes the run's id from the manifest (never from an event), gives it a fresh id when the
 store has that id already, stores only finished runs, strips terminal control sequences, and writes the
-run and its events in one transaction: a refused bundle leaves nothing behind.
+run and its events in one transaction: a refused bundle leaves nothing behind. What a bundle's launch.json
+says is never launched: a rerun or a minimize run of an imported run launches its cluster's command as this
+bot's config holds it, and only when the bundle's (redacted) command is that one (bot/rerun.py,
+configured_launch).
 
 Export passes every member through the one redaction path (runner/redact.py), and keeps only the request
 body's sha256 when the run's scene did (`request_bodies = "hash"` on the runner). The run's timeline picture
@@ -57,6 +60,7 @@ TIMELINE = "timeline.png"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DECISIONS = ("fix", "isolate", "continue")
 APIS = ("chat", "completions")
+IMPORTED = "bundle:"  # an imported run's `runner`: `bundle:` and its sha256's first 12 hex digits
 
 
 class BundleError(Exception):
@@ -326,7 +330,7 @@ def import_bundle(store: Store, bundle: Bundle) -> Run:
     """Adds a verified bundle's run and its events to the store, in one transaction. The run keeps the
     bundle's id unless the store has it already (then it gets a fresh one); its events all get that id,
     whatever they say; every text is stripped of terminal control sequences (and redacted by the store)."""
-    source = f"bundle:{bundle.sha256[:12]}"
+    source = f"{IMPORTED}{bundle.sha256[:12]}"
     if known := store.run_ids_of_runner(source):
         raise BundleError(f"this bundle is already in this store as run {known[0]}; nothing was imported")
     run = bundle.run
@@ -374,6 +378,11 @@ def import_bundle(store: Store, bundle: Bundle) -> Run:
     except sqlite3.Error as exc:
         raise BundleError(f"cannot store the bundle's run: {exc}; nothing was imported") from None
     return imported
+
+
+def is_imported(run: Run) -> bool:
+    """Whether a run came from a bundle: what it recorded (its launch command included) is the bundle's."""
+    return run.runner.startswith(IMPORTED)
 
 
 def _step(step: StageResult | LadderStep) -> dict[str, Any]:

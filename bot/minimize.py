@@ -2,7 +2,10 @@
 
 The original run's ladder named the trigger step and its failure (phase, category, signature); the minimize
 run launches what the original launched, on its cluster, and the runner's minimize stage does the search
-(runner/stages/minimize.py). Slack's button and the CLI both start it here.
+(runner/stages/minimize.py). Slack's button and the CLI both start it here. "What the original launched" is
+the cluster's configured command, unredacted, from this bot's config alone (bot/rerun.py, configured_launch):
+never the store's redacted copy, never an imported bundle's; a run whose recorded command is not that one is
+refused.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 from bot.coordinator import Coordinator, StartedRun
 from bot.record import RunRecord
 from bot.refusal import Refused
+from bot.rerun import configured_launch
 from bot.store import Store
 from protos import runner_pb2 as pb
 from protos.vocab import from_id
@@ -50,13 +54,11 @@ async def start_minimize(
     asked: dict[str, Any] = json.loads(original.request_json or "{}")
     if asked.get("minimize_of"):
         raise Refused(f"run {original.id} is itself a minimize run of {asked['minimize_of']}")
+    argv = configured_launch(core.config, original)
     events = await store.call(Store.events, original.id)
     record = RunRecord.replay(original.id, events)
     record.status = original.status
     target = minimize_target(record)
-    argv = asked.get("argv")
-    if not isinstance(argv, list) or not all(isinstance(token, str) for token in argv):
-        raise Refused(f"run {original.id} has no stored launch command to minimize")
     started = await core.start(
         original.cluster,
         requested_by,

@@ -1,5 +1,8 @@
 """The isolated rerun: the frozen bundle replayed on a runner an isolation provider gives, and the verdict.
 
+What it launches is the cluster's configured command (configured_launch, which minimize shares), never the
+bundle's: a run's recorded command is redacted, and an imported run's is whatever its bundle said.
+
 `reproduced`: same phase and same first-error signature (the cause travels with the software and the
 configuration). `not_reproduced`: the isolated run passes where the original failed (suspect the
 environment: the fingerprint differences that matter are listed). `different_failure`: a new candidate.
@@ -9,24 +12,96 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+import re
+import shlex
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bot.bundle import MAX_BUNDLE_BYTES, Bundle, BundleError, export_bundle
+from bot.bundle import MAX_BUNDLE_BYTES, Bundle, BundleError, export_bundle, is_imported
+from bot.config import BotConfig
 from bot.consumer import EventCallback, follow_run
 from bot.coordinator import Coordinator
 from bot.ids import new_run_id
 from bot.isolation import IsolationError, Placement, Provider, make_provider
 from bot.record import RunRecord
 from bot.refusal import Refused
-from bot.store import Store
+from bot.store import Run, Store
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
 from runner.fingerprint import diff
+from runner.redact import PLACEHOLDER, redactor
 from runner.toml_reader import ConfigError
 
 Started = Callable[[str, Placement], Awaitable[None]]
+_UNSHOWN = re.compile(r"[^\w@%+=:,./\[\]-]")  # what a refusal does not show of a recorded (maybe hostile) word
+MAX_SHOWN = 6  # words of a difference named in a refusal
+
+
+def configured_launch(config: BotConfig, run: Run) -> list[str]:
+    """The argv a minimize run or an isolated rerun of `run` launches: its cluster's launch command as this bot's
+    config holds it, unredacted. Never the command the store or a bundle recorded: that is redacted (a replayed
+    `--api-key [REDACTED:…]` is another configuration) and, for an imported run, whatever the bundle said.
+    Refused (one line, nothing started) when the cluster is not in this config, or when the run's recorded
+    command is not the configured one. Both are compared redacted, through the one redaction path
+    (runner/redact.py), a secret's placeholder equal to any other: the redaction key may be another process's."""
+    origin = f"run {run.id}" + (" (imported from a bundle)" if is_imported(run) else "")
+    cluster = config.clusters.get(run.cluster)
+    if cluster is None:
+        known = ", ".join(sorted(config.clusters)) or "none configured"
+        raise Refused(
+            f"{origin} is for cluster '{_shown(run.cluster)}', which this bot's config does not have (known: {known}): "
+            "only a configured cluster's own command is launched; nothing was started"
+        )
+    try:
+        asked = json.loads(run.request_json or "{}")
+    except ValueError:
+        asked = None
+    recorded = asked.get("argv") if isinstance(asked, dict) else None
+    if not isinstance(recorded, list) or not all(isinstance(token, str) for token in recorded):
+        raise Refused(
+            f"{origin} recorded no launch command to compare with cluster {cluster.name}'s; nothing was started"
+        )
+    configured = list(cluster.launch_argv)
+    theirs, ours = _comparable(recorded), _comparable(configured)
+    if theirs != ours:
+        raise Refused(
+            f"{origin} launched another command than cluster {cluster.name}'s configured one "
+            f"({_difference(theirs, ours)}): minimize and rerun launch only the configured command; nothing was started"
+        )
+    return configured
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """A launch command as the terminal and Slack show it: redacted by the one path, shell-quoted, as the runner
+    shows its launches."""
+    return shlex.join(redactor().argv(list(argv)))
+
+
+def _comparable(argv: Sequence[str]) -> list[str]:
+    return [PLACEHOLDER.sub("[REDACTED]", token) for token in redactor().argv(list(argv))]
+
+
+def _difference(recorded: list[str], configured: list[str]) -> str:
+    extra, missing = Counter(recorded) - Counter(configured), Counter(configured) - Counter(recorded)
+    parts = [
+        f"{whose}: {_words(words)}"
+        for whose, words in (("the run's has", extra), ("the configured one has", missing))
+        if words
+    ]
+    return "; ".join(parts) or "the same words in another order"
+
+
+def _words(words: Counter[str]) -> str:
+    listed = list(words.elements())
+    more = f" and {len(listed) - MAX_SHOWN} more" if len(listed) > MAX_SHOWN else ""
+    return " ".join(_shown(word) for word in listed[:MAX_SHOWN]) + more
+
+
+def _shown(word: str) -> str:
+    """A recorded word as a refusal may show it, in a terminal or in Slack's mrkdwn: no markup, no mention."""
+    return _UNSHOWN.sub("?", word)[:60]
 
 
 @dataclass(frozen=True)
@@ -77,6 +152,7 @@ async def place_rerun(
     original = await store.call(Store.get_run, run_id)
     if original.rerun_of:
         raise Refused(f"run {original.id} is itself a rerun of {original.rerun_of}; rerun that one")
+    argv = configured_launch(core.config, original)
     try:
         bundle = await store.call(export_bundle, original.id)
         provider = make_provider(core.config, core.config.cluster(original.cluster))
@@ -97,7 +173,7 @@ async def place_rerun(
             "and this store has no body for it; nothing was started"
         )
     rerun_id = new_run_id()
-    request = rerun_request(bundle, rerun_id, requested_by, body)
+    request = rerun_request(bundle, rerun_id, requested_by, body, argv=argv)
     try:
         placement = await provider.acquire(rerun_id)
     except IsolationError as exc:
@@ -157,10 +233,13 @@ async def _stored(core: Coordinator, rerun_id: str) -> PlacedRerun:
     return PlacedRerun(rerun_id, link.original_id, None, provider, placement)
 
 
-def rerun_request(bundle: Bundle, rerun_id: str, requested_by: str, body: str | None = None) -> pb.StartRunRequest:
-    """The bundle as a StartRun: same argv and request (`body`: the bundle's, or the store's when the bundle
-    keeps only its sha256), the image by the digest the scene pinned (a tag can move between the failure and
-    the rerun), the original's change log."""
+def rerun_request(
+    bundle: Bundle, rerun_id: str, requested_by: str, body: str | None = None, *, argv: Sequence[str] = ()
+) -> pb.StartRunRequest:
+    """The bundle as a StartRun: `argv` (the cluster's configured command, configured_launch: never the
+    bundle's, which is redacted and may be anyone's; none, and the runner refuses the run), the same request
+    (`body`: the bundle's, or the store's when the bundle keeps only its sha256), the image by the digest the
+    scene pinned (a tag can move between the failure and the rerun), the original's change log."""
     launch, asked = bundle.launch, bundle.json("request.json")
     digest = launch["image_digest"]
     image = launch["image"]
@@ -173,7 +252,7 @@ def rerun_request(bundle: Bundle, rerun_id: str, requested_by: str, body: str | 
         run_id=rerun_id,
         cluster=launch["cluster"],
         image=image,
-        launch_argv=launch["argv"],
+        launch_argv=list(argv),
         request=pb.FixedRequest(
             api=asked["api"],
             body_json=body if body is not None else bundle.request_body() or "",

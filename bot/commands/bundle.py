@@ -46,7 +46,8 @@ def run_import(args: argparse.Namespace) -> int:
         bundle = read_bundle(args.file)
     except BundleError as exc:
         raise CommandError(str(exc)) from None
-    store = Store(load_config(args.config).store)
+    config = load_config(args.config)
+    store = Store(config.store)
     try:
         run = import_bundle(store, bundle)
     except BundleError as exc:
@@ -59,4 +60,8 @@ def run_import(args: argparse.Namespace) -> int:
             f"imported run {run.id}{renamed} ({run.cluster}, {run.status}) from {args.file}: every member verified"
         )
     )
+    if run.cluster not in config.clusters:  # shown, never launched: configured_launch refuses it
+        print(
+            terminal(f"cluster {run.cluster} is not in this bot's config: the run can be shown, not rerun or minimized")
+        )
     return 0

@@ -10,6 +10,7 @@ from bot.consumer import RunLost, RunRefused
 from bot.minimize import start_minimize
 from bot.record import RunRecord, StageResult
 from bot.refusal import Refused
+from bot.rerun import command_line
 from bot.store import RunNotFound, Store
 from protos import runner_pb2 as pb
 
@@ -39,7 +40,8 @@ async def _minimize(args: argparse.Namespace) -> int:
             started = await start_minimize(core, args.run, operator())
         except (Refused, RunNotFound) as exc:
             raise CommandError(str(exc).strip("'\"")) from None
-        print(f"minimize run {started.run_id} of {args.run} · runner {started.runner}", flush=True)
+        print(f"minimize run {started.run_id} of {args.run} · runner {started.runner}")
+        print(f"launches: {command_line(started.request.launch_argv)}", flush=True)
         try:
             finished = await core.follow(started, printer, printer.reconnecting)
         except (RunRefused, RunLost) as exc:

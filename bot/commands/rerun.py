@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 
 from bot.commands.common import CommandError, EventPrinter, coordinator, load_config, operator
 from bot.consumer import RunLost
 from bot.isolation import Placement
 from bot.refusal import Refused
-from bot.rerun import rerun_isolated, verdict_lines
-from bot.store import RunNotFound
+from bot.rerun import command_line, rerun_isolated, verdict_lines
+from bot.store import RunNotFound, Store
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,10 +36,13 @@ async def _rerun(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     printer = EventPrinter(logs=args.logs)
 
-    async def started(rerun_id: str, placement: Placement) -> None:
-        print(f"isolated rerun {rerun_id} of {args.run} · {placement.where} · {placement.address}", flush=True)
-
     async with coordinator(config) as core:
+
+        async def started(rerun_id: str, placement: Placement) -> None:
+            recorded = json.loads((await core.store.call(Store.get_run, rerun_id)).request_json)  # redacted
+            print(f"isolated rerun {rerun_id} of {args.run} · {placement.where} · {placement.address}")
+            print(f"launches: {command_line(recorded['argv'])}", flush=True)
+
         try:
             outcome = await rerun_isolated(core, args.run, operator(), printer, on_started=started)
         except (Refused, RunLost, RunNotFound) as exc:

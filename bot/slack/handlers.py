@@ -15,9 +15,11 @@ from typing import Any
 
 from bot.answers import cancelled, noted, runner_line
 from bot.blocks import ACTION_CANCEL, ACTION_MINIMIZE, ACTION_RERUN, MAX_SECTION, clip
+from bot.config import ClusterConfig
 from bot.coordinator import Coordinator
 from bot.minimize import start_minimize
 from bot.refusal import Refused
+from bot.rerun import command_line
 from bot.slack.access import Access
 from bot.slack.commands import Command, CommandError, help_text, parse
 from bot.slack.metrics import Metrics
@@ -136,10 +138,11 @@ class Handlers:
         args = {"channel": request.channel, "user": request.user, "text": text}
         await self.outbox.put(Write(f"ephemeral:{request.id}", "chat.postEphemeral", args))
 
-    async def _operator(self, request: Request, cluster_name: str) -> None:
+    async def _operator(self, request: Request, cluster_name: str) -> ClusterConfig:
         cluster = self.access.cluster(cluster_name)
         self.access.check_place(cluster, request.channel)
         await self.access.check_operator(cluster, request.user)
+        return cluster
 
     async def _do_start(self, request: Request, cluster: str, profile: str = "", image: str = "") -> str:
         await self._operator(request, cluster)
@@ -179,9 +182,11 @@ class Handlers:
         )
 
     async def _do_rerun(self, request: Request, run: str, where: str) -> str:
+        """Launches the cluster's configured command (bot/rerun.py, configured_launch), which the answer shows."""
         found = await self.store.call(Store.get_run, run)
-        await self._operator(request, found.cluster)
-        return await self.threads.rerun(found.id, request.user, request.channel)
+        cluster = await self._operator(request, found.cluster)
+        answer = await self.threads.rerun(found.id, request.user, request.channel)
+        return f"{answer}\nit launches: {_inline(command_line(cluster.launch_argv))}"
 
     async def _do_minimize(self, request: Request, run: str) -> str:
         """A run of its own, with its own card and thread; the original's thread is told where it went."""
@@ -189,7 +194,10 @@ class Handlers:
         await self._operator(request, found.cluster)
         started = await start_minimize(self.core, found.id, request.user, via="slack", place=request.channel)
         await self.threads.open(started, request.channel, request.team_domain)
-        text = f"🔬 minimize run `{started.run_id}` started by <@{request.user}>: its own thread has the search"
+        text = (
+            f"🔬 minimize run `{started.run_id}` started by <@{request.user}>: its own thread has the search\n"
+            f"it launches: {_inline(command_line(started.request.launch_argv))}"
+        )
         await self.threads.note_in_thread(found.id, request.channel, text, f"minimize:{started.run_id}")
         return ""
 
@@ -234,3 +242,8 @@ class Handlers:
         domain = thread.team_domain
         url = f"https://{domain}.slack.com/archives/{thread.channel}/p{ts}" if domain else ""
         return f"<{url}|thread in #{thread.channel}>" if url else f"thread <#{thread.channel}> ts {thread.parent_ts}"
+
+
+def _inline(command: str) -> str:
+    """A (redacted) command as mrkdwn inline code."""
+    return "`" + clip(command.replace("`", "'"), MAX_SECTION - 200) + "`"

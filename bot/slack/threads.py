@@ -18,7 +18,7 @@ from bot.consumer import EventCallback, RunLost, RunRefused
 from bot.coordinator import Coordinator, StartedRun
 from bot.isolation import Placement
 from bot.record import Check, Finished, LadderStep, PhaseReached, RunRecord, StageResult, StageStarted, is_file
-from bot.rerun import RerunOutcome, rerun_isolated, verdict_lines
+from bot.rerun import RerunOutcome, command_line, rerun_isolated, verdict_lines
 from bot.resume import Shown, resume_active
 from bot.slack.metrics import Metrics
 from bot.slack.outbox import UPLOAD, Outbox, Write, file_content
@@ -86,7 +86,7 @@ class Threads:
 
     async def _begin(self, view: RunRecord, channel: str) -> None:
         """The card and the checklist's first post; their keys make a second call (on resume) a no-op."""
-        card, checklist = blocks.card(view), blocks.checklist(view)
+        card, checklist = self._card(view), blocks.checklist(view)
         card_args = {"channel": channel, **card.args(), "metadata": blocks.metadata(view)}
         await self.outbox.put(
             Write(f"{view.run_id}:card", "chat.postMessage", card_args, view.run_id, creates="parent_ts")
@@ -102,6 +102,13 @@ class Threads:
                 creates="checklist_ts",
             )
         )
+
+    def _card(self, view: RunRecord) -> Message:
+        """The run's card; its Rerun and Minimize buttons show the command they launch (the cluster's configured
+        one, redacted) in a confirmation dialog."""
+        cluster = self.core.config.clusters.get(view.cluster)
+        card = blocks.card(view)
+        return blocks.confirm_launches(card, view.cluster, command_line(cluster.launch_argv)) if cluster else card
 
     async def rerun(self, run_id: str, user: str, channel: str) -> str:
         """Starts an isolated rerun of a run; its start, then its verdict and environment differences, go to
@@ -227,7 +234,7 @@ class Threads:
         """The latest card and checklist, each in its own slot (the outbox keeps only the newest of each until
         it is sent); a final state goes out only once the thread shows the run's last message (no "completed"
         card before the verdict is in Slack); a state equal to the one already queued is not queued again."""
-        card, checklist = blocks.card(view), blocks.checklist(view)
+        card, checklist = self._card(view), blocks.checklist(view)
         for name, message, extra in (
             ("card", card, {"metadata": blocks.metadata(view)}),
             ("checklist", checklist, {}),
