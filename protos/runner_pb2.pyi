@@ -346,7 +346,7 @@ class ChecklistItem(_message.Message):
     def __init__(self, item: _Optional[_Union[ChecklistId, str]] = ..., state: _Optional[_Union[ChecklistState, str]] = ..., evidence: _Optional[str] = ...) -> None: ...
 
 class LadderStepResult(_message.Message):
-    __slots__ = ("step", "outcome", "detail", "relaunched", "signature", "phase", "category")
+    __slots__ = ("step", "outcome", "detail", "relaunched", "signature", "phase", "category", "title", "added", "as_written")
     STEP_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
@@ -354,6 +354,9 @@ class LadderStepResult(_message.Message):
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    ADDED_FIELD_NUMBER: _ClassVar[int]
+    AS_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     step: str
     outcome: LadderOutcome
     detail: str
@@ -361,7 +364,10 @@ class LadderStepResult(_message.Message):
     signature: str
     phase: Phase
     category: ErrorCategory
-    def __init__(self, step: _Optional[str] = ..., outcome: _Optional[_Union[LadderOutcome, str]] = ..., detail: _Optional[str] = ..., relaunched: _Optional[bool] = ..., signature: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., category: _Optional[_Union[ErrorCategory, str]] = ...) -> None: ...
+    title: str
+    added: _containers.RepeatedScalarFieldContainer[str]
+    as_written: bool
+    def __init__(self, step: _Optional[str] = ..., outcome: _Optional[_Union[LadderOutcome, str]] = ..., detail: _Optional[str] = ..., relaunched: _Optional[bool] = ..., signature: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., category: _Optional[_Union[ErrorCategory, str]] = ..., title: _Optional[str] = ..., added: _Optional[_Iterable[str]] = ..., as_written: _Optional[bool] = ...) -> None: ...
 
 class LogChunk(_message.Message):
     __slots__ = ("source", "lines")

@@ -67,8 +67,8 @@ def ladder_step_ids() -> tuple[str, ...]:
 
 
 def flag_steps() -> tuple[str, ...]:
-    """What a flag's `step` may be: kept by the minimal launch, restored by a ladder step, or the target's only."""
-    return ("essential", *ladder_step_ids(), "target_only")
+    """What a flag's `step` may be: kept by the minimal launch, or restored by a ladder step."""
+    return ("essential", *ladder_step_ids())
 
 
 @cache
@@ -152,6 +152,21 @@ class ServeCommand:
         """This command with its flags of `step` replaced by those `other` gives (a ladder step's change)."""
         kept = tuple(o for o in self.options if o.spec.step != step)
         return replace(self, options=kept + tuple(o for o in other.options if o.spec.step == step))
+
+    def added_to(self, base: ServeCommand) -> list[str]:
+        """The flags of this command that `base` does not give as they are here, as written (one entry a flag)."""
+        have = {option.tokens for option in base.options}
+        return [" ".join(o.tokens) for o in self.options if o.tokens not in have]
+
+    def same_configuration(self, other: ServeCommand) -> bool:
+        """Whether both launch the same server: the same model and options, in any order (vLLM's parser gives
+        a flag's last occurrence, so order matters only when a flag repeats)."""
+        if (self.program, self.model_tokens) != (other.program, other.model_tokens):
+            return False
+        names = [o.spec.name + o.subkey for o in self.options]
+        if len(set(names)) != len(names):
+            return self.argv() == other.argv()
+        return sorted(o.tokens for o in self.options) == sorted(o.tokens for o in other.options)
 
     def minimal(self) -> ServeCommand:
         """What is needed to load the model, with default-on features that a ladder step adds turned off."""

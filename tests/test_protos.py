@@ -28,6 +28,8 @@ def test_vocabulary_is_the_designs() -> None:
     ]  # fmt: skip
     assert ladder_step_ids() == (  # runner/data/ladder.toml, DESIGN §1 step 5's order
         "prefix_caching", "long_input", "max_model_len", "concurrency", "inter_node", "tools_structured_output",
+        "speculative_decoding", "kernel_backends", "compilation_cuda_graphs", "kv_transfer", "lora_multimodal",
+        "server_options", "as_written",
     )  # fmt: skip
     assert vocab.CHECKLIST_IDS == [
         "host_driver_recorded", "container_gpu_view_recorded", "image_and_versions_pinned",

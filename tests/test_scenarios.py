@@ -20,7 +20,7 @@ from tests.k3fixtures import SIM_SPEED
 # Python start-up (~0.2 s of the wall, before its first line) counts as engine time: at 2000 it stays far from
 # the ready_timeout_s - stall_timeout_s that would turn the hang into "not ready".
 STARTUP_HANG_SPEED = 2000
-STARTUP_HANGS = {"nccl-init-hang"}
+STARTUP_HANGS = {"nccl-init-hang", "autotune-hang"}
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,18 @@ class Expected:
 
 
 EXPECTED = {
+    # failures that need a flag the minimal launch strips: found where the ladder climbs back to the deployment
+    "attention-backend": Expected(
+        "continue", "kernel_backends", ("engine_init", "driver_cuda_init", "no kernel image is available")
+    ),
+    "spec-decode-crash": Expected(
+        "continue", "speculative_decoding", ("request", "request_error", "an illegal memory access")
+    ),
+    "full-cudagraph-mla": Expected(  # only the two flags together: kernel_backends holds alone
+        "continue", "compilation_cuda_graphs", ("engine_init", "cudagraph", "not permitted when stream is capturing")
+    ),
+    "autotune-hang": Expected("continue", "kernel_backends", ("engine_init", "other", "hang: no progress")),
+    "tuned-healthy": Expected("continue", None, None),
     "concurrency-oom": Expected("continue", "concurrency", ("request", "oom", "torch.OutOfMemoryError: CUDA out of")),
     "cudagraph-capture": Expected("continue", None, ("engine_init", "oom", "CUDA out of memory"), launches=3),
     "demo": Expected("continue", None, ("gpu_detect", "nccl_comm", "NCCL error: unhandled system error")),
@@ -98,6 +110,38 @@ async def test_the_demo_launches_the_scenarios_deployment(tmp_path: Path) -> Non
     # only concurrency-oom's deployment has concurrency flags: the step relaunches to restore them
     assert {"step": "concurrency", "outcome": "oom", "relaunched": True} in report["ladder"]
     assert "image vllm/vllm-openai:kimi-k3" in printed
+
+
+@pytest.mark.parametrize(
+    ("name", "flags"),
+    [
+        ("attention-backend", ["--attention-backend FLASHMLA"]),
+        ("spec-decode-crash", ["--speculative-config"]),
+        ("full-cudagraph-mla", ["--compilation-config"]),  # on top of the kernel step's backend, which held
+        ("autotune-hang", ["--enable-flashinfer-autotune"]),
+    ],
+)
+async def test_a_failure_only_a_stripped_flag_causes_is_found_on_the_way_back_and_repeated(
+    tmp_path: Path, name: str, flags: list[str]
+) -> None:
+    report, printed = await _shipped(name, tmp_path)
+    trigger = next(step for step in report["ladder"] if step["step"] == report["trigger_step"])
+    assert trigger["relaunched"] and trigger["outcome"] != "ok"
+    line = next(line for line in printed.split("\n") if f"ladder · {report['trigger_step']}:" in line)
+    assert all(flag in line for flag in flags), line  # the step names every flag it adds
+    assert report["checklist"]["failure_repeated"] is True  # confirmed like any other trigger: 2 of 2
+    assert "did not reproduce" not in printed
+    # the rungs after the trigger still ran; the deployment as written was not needed once the failure was met
+    assert report["ladder"][-1] == {"step": "as_written", "outcome": "not_applicable", "relaunched": False}
+
+
+async def test_a_healthy_tuned_deployment_ends_on_its_own_command_launched_and_held(tmp_path: Path) -> None:
+    report, printed = await _shipped("tuned-healthy", tmp_path)
+    ran = [step["step"] for step in report["ladder"] if step["outcome"] != "not_applicable"]
+    groups = ["speculative_decoding", "kernel_backends", "compilation_cuda_graphs", "kv_transfer", "lora_multimodal"]
+    assert ran[-7:] == [*groups, "server_options", "as_written"]
+    assert report["ladder"][-1] == {"step": "as_written", "outcome": "ok", "relaunched": True}
+    assert "every step held, the deployment as written included" in printed
 
 
 async def test_flaky_phases_is_isolated_for_its_moving_failure(tmp_path: Path) -> None:

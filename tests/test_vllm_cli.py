@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 
 import pytest
 
@@ -34,9 +35,21 @@ def test_steps_of_the_ladder_are_read_from_the_table() -> None:
     assert steps["--enable-prefix-caching"] == "prefix_caching"
     assert steps["--max-model-len"] == "max_model_len"
     assert steps["--tool-call-parser"] == "tools_structured_output"
-    assert steps["--speculative-config"] == "target_only"
-    assert steps["--enable-flashinfer-autotune"] == "target_only"
+    assert steps["--speculative-config"] == "speculative_decoding"
+    assert steps["--enable-flashinfer-autotune"] == "kernel_backends"
     assert all(spec.step in flag_steps() for spec in flag_table().flags.values())
+    # every flag the minimal launch strips is restored by some ladder step: none is left for the target only
+    requests_only = {"long_input", "as_written"}  # a step that changes the request, and the whole command
+    assert {spec.step for spec in flag_table().flags.values()} == set(flag_steps()) - requests_only
+
+
+def test_the_same_configuration_in_another_order_is_the_same_server() -> None:
+    command = parse_launch_command(shlex.split(KIMI))
+    shuffled = replace(command, options=tuple(reversed(command.options)))
+    assert shuffled.argv() != command.argv() and shuffled.same_configuration(command)
+    assert not command.minimal().same_configuration(command)
+    added = ["--no-enable-flashinfer-autotune", "--max-model-len 1048576", "--kv-cache-dtype fp8"]
+    assert command.added_to(command.minimal())[:3] == added
 
 
 @pytest.mark.parametrize(

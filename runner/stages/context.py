@@ -27,6 +27,12 @@ class Attempt:
     foreign: bool = False  # the launch started while other processes held GPU memory: not evidence
     during: str = ""  # the log stretch it happened in (the analyzer's context, e.g. cudagraph_capture)
     proxy: tuple[str, ...] = ()  # the proxies (runner/data/proxies.toml) of the launch that showed it
+    line: str = ""  # the first error's line as logged, when the analyzer found one
+
+    def same_as(self, other: Attempt | pb.FirstError) -> bool:
+        """The one meaning of "the same failure": an equal normalised first-error signature, which carries the
+        phase and the category (runner/analyzer/signature.py); never identical text."""
+        return bool(self.signature) and self.signature == other.signature
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,7 @@ class StepOutcome:
     detail: str
     relaunched: bool
     failure: Attempt | None = None
+    added: tuple[str, ...] = ()  # the flags the step added to the last stable configuration, as written
 
 
 @dataclass

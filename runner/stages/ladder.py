@@ -3,7 +3,9 @@
 Steps that only change the request reuse the running server; a step relaunches only when the deployment
 has flags of that step, so no launch is spent twice. When a step fails, the next builds on the last stable
 configuration again; the first failure is the one being reproduced (its step is the trigger), a later
-failure with the same signature is `same_as_target`, any other is saved as a new candidate.
+failure with the same signature is `same_as_target`, any other is saved as a new candidate. After the
+method's six steps every group of flags the minimal launch removed comes back, and the last rung launches
+the deployment exactly as written: a run says "did not reproduce" only once that rung ran and held.
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ PREFIX_SEED = "k3repro prefix probe."
 @dataclass(frozen=True)
 class StepSpec:
     id: str
+    title: str
     probe: str
     flags: str = ""
     needs_peers: bool = False
+    as_written: bool = False  # the last rung: the deployment's own command as given, real configuration
     params: dict[str, Any] = field(default_factory=dict)
 
 
@@ -60,9 +64,11 @@ def ladder_spec() -> LadderSpec:
         row = dict(row)
         spec = StepSpec(
             id=row.pop("id"),
+            title=row.pop("title"),
             probe=row.pop("probe"),
             flags=row.pop("flags", ""),
             needs_peers=row.pop("needs_peers", False),
+            as_written=row.pop("as_written", False),
             params=row,
         )
         if spec.probe not in PROBES:
@@ -70,6 +76,8 @@ def ladder_spec() -> LadderSpec:
         steps.append(spec)
     if len({s.id for s in steps}) != len(steps):
         raise ValueError("ladder.toml: two steps have the same id")
+    if not steps[-1].as_written or any(s.as_written for s in steps[:-1]):
+        raise ValueError("ladder.toml: the last step, and only it, is the deployment as written (as_written = true)")
     metrics = data["metrics"]
     return LadderSpec(
         steps=tuple(steps),
@@ -85,23 +93,30 @@ async def run(ctx: RunContext) -> StageResult:
     for step in spec.steps:
         outcome = _relate(ctx, await _step(ctx, spec, step))
         ctx.steps.append(outcome)
-        await ctx.emit(ladder_step=_message(outcome))
+        await ctx.emit(ladder_step=_message(step, outcome))
     trigger = next((s for s in ctx.steps if s.failure is not None), None)
     if trigger is None:
-        return StageResult(pb.STAGE_STATUS_OK, f"every step held ({ctx.launches} launches in all)")
+        return StageResult(
+            pb.STAGE_STATUS_OK,
+            f"every step held, the deployment as written included ({ctx.launches} launches in all)",
+        )
     await _repeat(ctx, spec, trigger)
+    split = " (several flags: `minimize` can split them)" if len(trigger.added) > 1 else ""
     return StageResult(
         pb.STAGE_STATUS_FAILED,
-        f"{trigger.step} triggers the failure: {trigger.detail}",
+        f"{trigger.step} triggers the failure{split}: {trigger.detail}",
     )
 
 
-def _message(outcome: StepOutcome) -> pb.LadderStepResult:
+def _message(step: StepSpec, outcome: StepOutcome) -> pb.LadderStepResult:
     message = pb.LadderStepResult(
         step=outcome.step,
         outcome=outcome.outcome,
         detail=outcome.detail,
         relaunched=outcome.relaunched,
+        title=step.title,
+        added=outcome.added,
+        as_written=step.as_written,
     )
     if outcome.failure is not None:
         message.signature = outcome.failure.signature
@@ -114,17 +129,18 @@ def _message(outcome: StepOutcome) -> pb.LadderStepResult:
 def _relate(ctx: RunContext, outcome: StepOutcome) -> StepOutcome:
     """A failure with the signature of the first one reproduces it; others are candidates."""
     first = next((s.failure for s in ctx.steps if s.failure is not None), None)
-    if outcome.failure is None or first is None or outcome.failure.signature != first.signature:
+    if outcome.failure is None or first is None or not outcome.failure.same_as(first):
         return outcome
-    return StepOutcome(
-        outcome.step, pb.LADDER_OUTCOME_SAME_AS_TARGET, outcome.detail, outcome.relaunched, outcome.failure
-    )
+    return replace(outcome, outcome=pb.LADDER_OUTCOME_SAME_AS_TARGET)
 
 
 async def _step(ctx: RunContext, spec: LadderSpec, step: StepSpec, source: str = "") -> StepOutcome:
     stable = ctx.stable
     assert stable is not None, "the ladder starts from a configuration that answered"
+    if step.as_written:
+        return await _as_written(ctx, spec, step, stable, source)
     desired = stable.with_step_from(ctx.command, step.flags) if step.flags else stable
+    added = desired.added_to(stable)
     if step.needs_peers:
         given = [o.tokens[0] for o in ctx.command.options if o.spec.step == step.flags]
         reason = (
@@ -135,16 +151,54 @@ async def _step(ctx: RunContext, spec: LadderSpec, step: StepSpec, source: str =
         return StepOutcome(step.id, pb.LADDER_OUTCOME_NOT_APPLICABLE, reason, relaunched=False)
     if step.flags and desired == stable and step.probe == "fixed":
         return StepOutcome(
-            step.id, pb.LADDER_OUTCOME_NOT_APPLICABLE, f"the deployment sets no {step.id} flags", relaunched=False
+            step.id, pb.LADDER_OUTCOME_NOT_APPLICABLE, f"the deployment sets no {step.title} flags", relaunched=False
         )
     if step.probe == "tools" and desired == stable and not _features(ctx, step):
         return StepOutcome(step.id, pb.LADDER_OUTCOME_NOT_APPLICABLE, _no_features(step), relaunched=False)
     outcome = await _tested(ctx, spec, step, desired, source or f"ladder/{step.id}")
     if outcome.failure is not None and outcome.failure.proxy and ctx.proxy_for is None:
-        return await _confirmed(ctx, spec, step, desired, outcome)
+        outcome = await _confirmed(ctx, spec, step, desired, outcome)
+    elif outcome.failure is None:
+        ctx.stable = desired
+    return _naming(outcome, added)
+
+
+def _naming(outcome: StepOutcome, added: list[str]) -> StepOutcome:
+    """The outcome with every flag the step added named in it (a step may restore several)."""
+    if not added:
+        return outcome
+    return replace(outcome, detail=f"adds {' '.join(added)}: {outcome.detail}", added=tuple(added))
+
+
+async def _as_written(
+    ctx: RunContext, spec: LadderSpec, step: StepSpec, stable: ServeCommand, source: str
+) -> StepOutcome:
+    """The last rung: the deployment's own command, on the real configuration. Not needed once a step before it
+    reproduced the failure being looked for (the deployment as written carries that step's flags too)."""
+    reproduced = next((s for s in ctx.steps if s.failure is not None), None)
+    if reproduced is not None and not source and _is_the_deployments(ctx, reproduced.failure):
+        return StepOutcome(
+            step.id,
+            pb.LADDER_OUTCOME_NOT_APPLICABLE,
+            f"not launched: step {reproduced.step} already met the failure, and the deployment as written "
+            "carries its flags",
+            relaunched=False,
+        )
+    desired = stable if stable.same_configuration(ctx.command) else ctx.command
+    added = desired.added_to(stable)
+    with proxies.real_only(ctx):
+        outcome = await _tested(ctx, spec, step, desired, source or f"ladder/{step.id}")
     if outcome.failure is None:
         ctx.stable = desired
-    return outcome
+    outcome = replace(outcome, detail=f"the deployment's own command, as written: {outcome.detail}")
+    return _naming(outcome, added)
+
+
+def _is_the_deployments(ctx: RunContext, failure: Attempt | None) -> bool:
+    """Whether `failure` is the one the deployment's own log shows (any failure, when no log was given)."""
+    if failure is None or not ctx.request.HasField("deployment_error"):
+        return failure is not None
+    return failure.same_as(ctx.request.deployment_error)
 
 
 async def _tested(ctx: RunContext, spec: LadderSpec, step: StepSpec, desired: ServeCommand, source: str) -> StepOutcome:
@@ -167,7 +221,7 @@ async def _confirmed(
     with proxies.real_only(ctx):
         real = await _tested(ctx, spec, step, desired, f"ladder/{step.id}/confirm")
     seen, wanted = real.failure, on_proxy.failure
-    if seen is not None and (seen.phase, seen.signature) == (wanted.phase, wanted.signature):
+    if seen is not None and seen.same_as(wanted):
         return replace(real, detail=f"{real.detail} (met on a proxy, confirmed on the real configuration)")
     what = f"fails in {seen.phase} ({seen.category})" if seen is not None and seen.phase else "holds"
     await ctx.artifact(

@@ -46,6 +46,7 @@ def attempt_of(ctx: RunContext, error: ErrorFinding) -> Attempt:
         foreign=foreign_now(ctx),
         during=error.during,
         proxy=ctx.running_proxies,
+        line=error.line,
     )
 
 

@@ -39,7 +39,7 @@ async def run(ctx: RunContext) -> StageResult:
         ctx.attempts.append(await proxies.repeat(ctx, target, again))
         if not ctx.attempts[-1].phase:  # it answered: the failure did not repeat
             break
-    same = sum(1 for a in ctx.attempts if (a.phase, a.signature) == (ctx.attempts[0].phase, ctx.attempts[0].signature))
+    same = sum(1 for a in ctx.attempts if a.same_as(ctx.attempts[0]))
     summary = f"{first.summary} ({same} of {len(ctx.attempts)} attempts failed the same way)"
     return StageResult(pb.STAGE_STATUS_FAILED, f"{summary}; {diagnosis}" if diagnosis else summary)
 

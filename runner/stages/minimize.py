@@ -218,7 +218,7 @@ class Tester:
 
     def _verdict(self, got: Attempt) -> Tested:
         target, real = self.target, not got.proxy
-        if got.phase and (got.phase, got.signature) == (target.phase, target.signature):
+        if got.phase and got.same_as(target):
             return Tested("fail", f"fails in {got.phase} ({got.category}) with the same first error", 1, real)
         if not got.phase and not got.category:
             return Tested("pass", "launched and answered the probe", 1, real)

@@ -103,7 +103,7 @@ async def repeat(ctx: RunContext, target: Attempt, attempt: Callable[[], Awaitab
             got = await attempt()
         finally:
             ctx.proxy_for = None
-        if (got.phase, got.signature) == (target.phase, target.signature):
+        if got.same_as(target):
             return got
         seen = f"failed in {got.phase} ({got.category})" if got.phase else "did not fail"
         await ctx.artifact(

@@ -83,7 +83,7 @@ async def _reproduce(
             return attempt_of(ctx, error)
 
         ctx.attempts.append(await proxies.repeat(ctx, target, again))
-    same = sum(1 for a in ctx.attempts if (a.phase, a.signature) == (ctx.attempts[0].phase, ctx.attempts[0].signature))
+    same = sum(1 for a in ctx.attempts if a.same_as(ctx.attempts[0]))
     return StageResult(
         pb.STAGE_STATUS_FAILED,
         f"the fixed request {'fails (the server goes on serving)' if serving else 'kills the engine'}: "

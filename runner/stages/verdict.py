@@ -41,12 +41,17 @@ def decide(ctx: RunContext) -> tuple[pb.Decision, list[str]]:
             0, f"free the GPUs first: {holders}; launches that start with their memory held are not evidence"
         )
     if ctx.steps and not ctx.attempts:
-        reasons.insert(0, "the failure did not reproduce on this runner: every stage and ladder step held")
+        reasons.insert(
+            0,
+            "the failure did not reproduce on this runner: every stage and ladder step held, the deployment as "
+            "written included",
+        )
     return pb.DECISION_CONTINUE, reasons
 
 
 def against_deployment(ctx: RunContext) -> str:
-    """Whether this run met the failure the deployment's own log shows ("" when no log was given)."""
+    """Whether this run met the failure the deployment's own log shows ("" when no log was given): the same
+    failure (Attempt.same_as), a different one (a new candidate, both lines shown), or none."""
     if not ctx.request.HasField("deployment_error"):
         return ""
     wanted = ctx.request.deployment_error
@@ -54,12 +59,12 @@ def against_deployment(ctx: RunContext) -> str:
     where = f"{phase} [{category}]"
     found = next((a for a in ctx.attempts if a.phase), None) or next((s.failure for s in ctx.steps if s.failure), None)
     if found is None:
-        return f"the deployment's log fails in {where}; this run met no failure"
-    if (found.phase, found.category) == (phase, category):
-        return f"the deployment's failure is reproduced: {where}, as in its log"
+        return f"the deployment's log fails in {where}; this run met no failure: not reproduced"
+    if found.same_as(wanted):
+        return f"the deployment's failure is reproduced: {where}, the same first error as in its log"
     return (
-        f"the deployment's log fails in {where}, this run first in {found.phase} [{found.category}]: "
-        "a different failure, a candidate"
+        f"a different failure, a new candidate: the deployment's log fails in {where} with {wanted.line!r}; "
+        f"this run failed in {found.phase} [{found.category}] with {found.line or found.signature!r}"
     )
 
 
@@ -159,7 +164,7 @@ async def _repeated(ctx: RunContext) -> None:
     if not attempts:
         return
     first = attempts[0]
-    same = [a for a in attempts if (a.phase, a.signature) == (first.phase, first.signature)]
+    same = [a for a in attempts if a.same_as(first)]
     if len(attempts) < 2:
         await ctx.check(pb.CHECKLIST_ID_FAILURE_REPEATED, PENDING, "attempted once (engine.failure_attempts = 1)")
     elif len(same) == len(attempts):
