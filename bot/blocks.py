@@ -4,6 +4,10 @@ stream event by event (EventBlocks). Every one is a projection of the run's reco
 
 Limits (docs.slack.dev, and bolt-js #2509 for the undocumented aggregate): ≤ 50 blocks, section text
 ≤ 3000 characters, about 12 000 characters of blocks per message.
+
+Every text that comes from a run (an engine's lines, a runner's or a person's words, an image name) enters
+mrkdwn through `escaped`, code spans and blocks included: a `<!channel>` or `<https://…|Fix applied>` in it is
+shown, never obeyed. The terminal (`text_lines`) shows it as it was.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ Block = dict[str, Any]
 _FENCE = re.compile(r"```(.*?)```", re.DOTALL)
 _BOLD = re.compile(r"(?<![\w*])\*([^*\n]+)\*(?![\w*])")
 _LINK = re.compile(r"<(?:[@#!])?([^<>|]+)(?:\|([^<>]+))?>")
+_MENTION = re.compile(r"&lt;@([UW][A-Z0-9-]{1,20})&gt;")
 ACTION_RERUN = "k3repro_rerun_isolated"
 ACTION_CANCEL = "k3repro_cancel"
 ACTION_MINIMIZE = "k3repro_minimize"
@@ -62,6 +67,23 @@ class Message:
         return {"text": self.text, "blocks": self.blocks}
 
 
+def escaped(text: str) -> str:
+    """Text as Slack's mrkdwn shows it literally: `&`, `<`, `>` as the entities Slack's formatting rules ask
+    for, so no mention, link or date can be made of it."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def escaped_but_mentions(text: str) -> str:
+    """`escaped`, but a user mention (`<@U…>`) stays one: the bot writes them into what a run says (who
+    cancelled it, in the reason the runner echoes). A mention can only name one person: it cannot notify a
+    channel or disguise a link."""
+    return _MENTION.sub(r"<@\1>", escaped(text))
+
+
+def _unescaped(text: str) -> str:
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
 def section(text: str, block_id: str | None = None) -> Block:
     block: Block = {"type": "section", "text": {"type": "mrkdwn", "text": text}}
     if block_id:
@@ -74,7 +96,7 @@ def context(text: str) -> Block:
 
 
 def code(lines: list[str]) -> str:
-    return "```" + "\n".join(line.replace("```", "'''") for line in lines) + "```"
+    return "```" + "\n".join(escaped(line).replace("```", "'''") for line in lines) + "```"
 
 
 def clip(text: str, limit: int) -> str:
@@ -99,16 +121,16 @@ def _mrkdwn_lines(text: str) -> list[str]:
     position = 0
     for fence in _FENCE.finditer(text):
         lines += unmarked(text[position : fence.start()]).splitlines()
-        lines += [f"| {line}" for line in fence.group(1).split("\n")]
+        lines += [f"| {_unescaped(line)}" for line in fence.group(1).split("\n")]
         position = fence.end()
     lines += unmarked(text[position:]).splitlines()
     return [line for line in lines if line.strip()]
 
 
 def unmarked(text: str) -> str:
-    """mrkdwn as the terminal prints it: links as their text, no bold or code marks."""
+    """mrkdwn as the terminal prints it: links as their text, no bold or code marks, escaped text as it was."""
     text = _LINK.sub(lambda m: m.group(2) or ("@" + m.group(1) if m.group(0)[1] == "@" else m.group(1)), text)
-    return _BOLD.sub(r"\1", text).replace("`", "")
+    return _unescaped(_BOLD.sub(r"\1", text).replace("`", ""))
 
 
 SHORTENED = {
@@ -146,25 +168,29 @@ def metadata(view: RunRecord) -> dict[str, Any]:
 def card(view: RunRecord) -> Message:
     """The parent message in the channel: what runs where, and its state."""
     mark = RUN_MARK.get(view.status, "•")
-    kind, of = ("minimize run", f" of `{view.minimize_of}`") if view.minimize_of else ("run", "")
-    doing = f"stage `{view.stage}`" + (f" · phase `{view.phase}`" if view.phase else "") if view.stage else ""
-    state = view.status + (f" — {view.decision}" if view.decision else "")
+    kind, of = ("minimize run", f" of `{escaped(view.minimize_of)}`") if view.minimize_of else ("run", "")
+    doing = escaped(f"stage `{view.stage}`" + (f" · phase `{view.phase}`" if view.phase else "")) if view.stage else ""
+    state = escaped(view.status + (f" — {view.decision}" if view.decision else ""))
+    runner = escaped(view.host + (f" ({view.runner})" if view.host else "") if view.host else view.runner)
+    digest = (
+        f"`{escaped(view.digest)}`" if view.digest else "none: known by tag only" if view.final else "not known yet"
+    )
     fields = [
-        ("Cluster", view.cluster),
-        ("Runner", view.host + (f" ({view.runner})" if view.host else "") if view.host else view.runner),
-        ("Image", f"`{view.image}`"),
-        ("Digest", f"`{view.digest}`" if view.digest else "none: known by tag only" if view.final else "not known yet"),
+        ("Cluster", escaped(view.cluster)),
+        ("Runner", runner),
+        ("Image", f"`{escaped(view.image)}`"),
+        ("Digest", digest),
         ("Status", f"{mark} {state}"),
-        ("Started by", f"<@{view.requested_by}>" if view.requested_by else "-"),
+        ("Started by", f"<@{escaped(view.requested_by)}>" if view.requested_by else "-"),
     ]
     blocks: list[Block] = [
-        section(f"*k3repro {kind}* `{view.run_id}`{of} on *{view.cluster}*", "title"),
+        section(f"*k3repro {kind}* `{escaped(view.run_id)}`{of} on *{escaped(view.cluster)}*", "title"),
         {
             "type": "section",
             "block_id": "facts",
             "fields": [{"type": "mrkdwn", "text": f"*{name}*\n{clip(value, 1900)}"} for name, value in fields],
         },
-        context(clip(doing or view.problem or "details in the thread", 2000)),
+        context(clip(doing or escaped(view.problem) or "details in the thread", 2000)),
     ]
     buttons: list[Block] = [
         {"type": "button", "action_id": ACTION_RERUN, "text": _plain("Rerun on isolated node"), "value": view.run_id}
@@ -190,7 +216,7 @@ def card(view: RunRecord) -> Message:
             }
         )
     blocks.append({"type": "actions", "block_id": "run_actions", "elements": buttons})
-    return fit(f"{mark} k3repro {kind} {view.run_id} on {view.cluster}: {state}", blocks)
+    return fit(f"{mark} k3repro {kind} {escaped(view.run_id)} on {escaped(view.cluster)}: {state}", blocks)
 
 
 MAX_CONFIRM_TEXT = 300  # Slack's limit on a confirmation dialog's text
@@ -220,20 +246,21 @@ def confirm_launches(card: Message, cluster: str, command: str) -> Message:
 def checklist(view: RunRecord) -> Message:
     """The live checklist: the same blocks from first to last state (a heading, one per item, a footer), so
     every chat.update keeps the layout."""
-    where = (
+    where = escaped(
         f"stage `{view.stage}`" + (f" · phase `{view.phase}`" if view.phase else "")
         if view.stage
         else f"run {view.status}"
     )
+    run = f"run `{escaped(view.run_id)}` · updated as the run goes"
     if view.minimize_of:  # it settles none of the method's items: they are the original run's
-        text = f"*Checklist* · a minimize run settles none: see run `{view.minimize_of}` · {where}"
-        return fit(text, [section(text, "now"), context(f"run `{view.run_id}` · updated as the run goes")])
+        text = f"*Checklist* · a minimize run settles none: see run `{escaped(view.minimize_of)}` · {where}"
+        return fit(text, [section(text, "now"), context(run)])
     held = sum(1 for check in view.checklist.values() if check.holds)
     blocks = [section(f"*Checklist* · {held}/{len(CHECKLIST_IDS)} hold · {where}", "now")]
     for item in CHECKLIST_IDS:
         check = view.checklist.get(item) or Check(item, "", "")
         blocks.append(section(checklist_line(check, EVIDENCE_CHARS), item))
-    blocks.append(context(f"run `{view.run_id}` · updated as the run goes"))
+    blocks.append(context(run))
     return fit(f"Checklist: {held}/{len(CHECKLIST_IDS)} hold · {where}", blocks)
 
 
@@ -249,12 +276,13 @@ def stage_result(view: RunRecord, finished: StageResult) -> Message:
     if stage == "single_request" and view.requests:
         blocks.append(section(code([line for r in view.requests for line in request_lines(r)])))
     mark = STAGE_MARK.get(finished.status, "•")
-    return fit(f"{mark} {stage}: {clip(finished.summary, 300)}", blocks)
+    return fit(escaped(f"{mark} {stage}: {clip(finished.summary, 300)}"), blocks)
 
 
 def stage_head(finished: StageResult) -> Block:
     stage = finished.stage or "run"
-    return section(f"{STAGE_MARK.get(finished.status, '•')} *{stage}* — {clip(finished.summary, 2800)}", "result")
+    summary = escaped(clip(finished.summary, 2800))
+    return section(f"{STAGE_MARK.get(finished.status, '•')} *{escaped(stage)}* — {summary}", "result")
 
 
 def first_error_blocks(error: FirstError) -> list[Block]:
@@ -266,8 +294,8 @@ def first_error_blocks(error: FirstError) -> list[Block]:
             "type": "section",
             "block_id": "first_error",
             "fields": [
-                {"type": "mrkdwn", "text": f"*Phase*\n{error.phase}"},
-                {"type": "mrkdwn", "text": f"*Category*\n{error.category}"},
+                {"type": "mrkdwn", "text": f"*Phase*\n{escaped(error.phase)}"},
+                {"type": "mrkdwn", "text": f"*Category*\n{escaped(error.category)}"},
                 {"type": "mrkdwn", "text": f"*Secondary OOM*\n{oom}"},
             ],
         },
@@ -275,27 +303,29 @@ def first_error_blocks(error: FirstError) -> list[Block]:
     if error.context:
         blocks.append(section("*Context*\n" + code(list(error.context[:CONTEXT_LINES]))))
     if error.hint:
-        blocks.append(section(f"*Hint:* {error.hint}"))
+        blocks.append(section(f"*Hint:* {escaped(error.hint)}"))
     return blocks
 
 
 def checklist_line(check: Check, evidence_chars: int | None = None) -> str:
     evidence = clip(check.evidence, evidence_chars) if evidence_chars else check.evidence
-    return f"{CHECK_MARK.get(check.state, PENDING_MARK)} *{check.item}*" + (f" — {evidence}" if evidence else "")
+    mark = CHECK_MARK.get(check.state, PENDING_MARK)
+    return f"{mark} *{escaped(check.item)}*" + (f" — {escaped(evidence)}" if evidence else "")
 
 
 def proxy_note(source: str, proxies: Iterable[tuple[str, str]], line: str) -> str:
     """How the thread and the terminal label a proxy launch; `proxies`: (id, what it removes)."""
     used = list(proxies)
     ids, removes = " + ".join(p for p, _ in used), "; no ".join(r for _, r in used)
-    return f"proxy launch: `{clip(f'{source}: {ids} (no {removes}) — {line}', 2800)}`"
+    return f"proxy launch: `{escaped(clip(f'{source}: {ids} (no {removes}) — {line}', 2800))}`"
 
 
 def artifact_note(artifact: pb.Artifact) -> str:
     """A one-line artifact as it reads in a message; anything bigger is named (it goes to a file)."""
     if is_file(artifact):
-        return f"recorded {artifact.name} ({len(artifact.content)} bytes; `k3repro show RUN --json` prints it)"
-    return f"{artifact.name.replace('_', ' ')}: `{clip(artifact.content, 2800)}`"
+        size = len(artifact.content)
+        return f"recorded {escaped(artifact.name)} ({size} bytes; `k3repro show RUN --json` prints it)"
+    return f"{escaped(artifact.name.replace('_', ' '))}: `{escaped(clip(artifact.content, 2800))}`"
 
 
 def request_lines(r: pb.RequestResult) -> list[str]:
@@ -313,18 +343,18 @@ def request_lines(r: pb.RequestResult) -> list[str]:
 
 
 def ladder_step(step: LadderStep) -> Message:
-    return fit(f"ladder {step.step}: {step.outcome}", [ladder_block(step)])
+    return fit(escaped(f"ladder {step.step}: {step.outcome}"), [ladder_block(step)])
 
 
 def ladder_block(step: LadderStep) -> Block:
-    return section(f"🪜 *ladder · {step.step}*: `{step.outcome}` {step.detail}".rstrip())
+    return section(f"🪜 *ladder · {escaped(step.step)}*: `{escaped(step.outcome)}` {escaped(step.detail)}".rstrip())
 
 
 def verdict(view: RunRecord, finished: Finished) -> Message:
     status, decision = finished.status, finished.decision
     minimal = view.artifacts.get(MINIMAL, "")
     return fit(
-        f"{decision or status}: {clip(finished.summary, 300)}",
+        escaped(f"{decision or status}: {clip(finished.summary, 300)}"),
         verdict_blocks(view.run_id, view.cluster, finished, minimal),
     )
 
@@ -332,15 +362,15 @@ def verdict(view: RunRecord, finished: Finished) -> Message:
 def verdict_blocks(run_id: str, cluster: str, finished: Finished, minimal: str = "") -> list[Block]:
     """The run's last message; a minimize run's (`minimal`: its result) ends with the command that fails."""
     status, decision = finished.status, finished.decision
-    title = f"*Verdict: {decision}*" if decision else f"*Run {status}*"
+    title = f"*Verdict: {escaped(decision)}*" if decision else f"*Run {escaped(status)}*"
     mark = DECISION_MARK.get(decision) or RUN_MARK.get(status, "•")
-    where = f" on *{cluster}*" if cluster else ""
-    blocks = [section(f"{mark} {title} · run `{run_id}`{where}", "verdict")]
+    where = f" on *{escaped(cluster)}*" if cluster else ""
+    blocks = [section(f"{mark} {title} · run `{escaped(run_id)}`{where}", "verdict")]
     if finished.summary:
-        blocks.append(section(finished.summary))
+        blocks.append(section(escaped_but_mentions(finished.summary)))
     reasons = [reason for reason in finished.reasons if reason != finished.summary]
     if reasons:
-        blocks.append(section("\n".join(f"• {reason}" for reason in reasons)))
+        blocks.append(section("\n".join(f"• {escaped_but_mentions(reason)}" for reason in reasons)))
     return blocks + (minimal_blocks(minimal) if minimal else [])
 
 
@@ -350,15 +380,15 @@ def minimal_blocks(content: str) -> list[Block]:
     flags, irrelevant, failure = result["flags"], result["irrelevant"], result["failure"]
     lines = [
         f"*1-minimal failing command* ({len(flags)} of {len(flags) + len(irrelevant)} flags beyond the essentials; "
-        f"fails in `{failure['phase']}` ({failure['category']}) with the same first error)",
+        f"fails in `{escaped(failure['phase'])}` ({escaped(failure['category'])}) with the same first error)",
         code([result["command"]]),
     ]
     if irrelevant:
-        lines.append("irrelevant to the failure: " + " ".join(f"`{flag}`" for flag in irrelevant))
+        lines.append("irrelevant to the failure: " + " ".join(f"`{escaped(flag)}`" for flag in irrelevant))
     if result["unresolved_removals"]:
         lines.append(
             "taking these away was unresolved (vLLM refused, or another failure): "
-            + " ".join(f"`{flag}`" for flag in result["unresolved_removals"])
+            + " ".join(f"`{escaped(flag)}`" for flag in result["unresolved_removals"])
         )
     caveats = [] if result["confirmed_on_real"] else ["NOT confirmed on the real configuration"]
     caveats += [] if result["one_minimal"] else ["the search stopped at its test limit: not proven 1-minimal"]
@@ -370,7 +400,8 @@ def minimal_blocks(content: str) -> list[Block]:
 
 
 def problem(view: RunRecord) -> Message:
-    return fit(f"run {view.run_id}: {view.status}", [section(f"⚠️ *Run {view.status}* — {clip(view.problem, 2800)}")])
+    text = f"⚠️ *Run {escaped(view.status)}* — {escaped(clip(view.problem, 2800))}"
+    return fit(escaped(f"run {view.run_id}: {view.status}"), [section(text)])
 
 
 def _plain(text: str) -> dict[str, Any]:
@@ -390,13 +421,13 @@ class EventBlocks:
         """The blocks of one event; [] for what a reader does not need (heartbeats, engine logs by default)."""
         fact = self.record.apply(event)
         if isinstance(fact, StageStarted):
-            return [context(f"▶ *{fact.stage}*" + (f" — {fact.detail}" if fact.detail else ""))]
+            return [context(f"▶ *{escaped(fact.stage)}*" + (f" — {escaped(fact.detail)}" if fact.detail else ""))]
         if isinstance(fact, StageResult):
             return [stage_head(fact)]
         if isinstance(fact, PhaseReached):
-            return [context(f"phase `{fact.phase}`")]
+            return [context(f"phase `{escaped(fact.phase)}`")]
         if isinstance(fact, FirstError) and fact.repeat:
-            return [context(f"the same first error again in `{fact.phase}`: {fact.line}")]
+            return [context(escaped(f"the same first error again in `{fact.phase}`: {fact.line}"))]
         if isinstance(fact, FirstError):
             return first_error_blocks(fact)
         if isinstance(fact, Check):
@@ -404,13 +435,13 @@ class EventBlocks:
         if isinstance(fact, LadderStep):
             return [ladder_block(fact)]
         if isinstance(fact, pb.RequestResult):
-            return [context(line) for line in request_lines(fact)]
+            return [context(escaped(line)) for line in request_lines(fact)]
         if isinstance(fact, pb.Artifact):
             return [context(artifact_note(fact))]
         if isinstance(fact, pb.LaunchStarted) and fact.proxies:
             return [context(proxy_note(fact.source, ((p.id, p.removes) for p in fact.proxies), fact.line))]
         if isinstance(fact, pb.LogChunk) and self.logs:
-            return [section(f"log `{fact.source}`\n" + code(list(fact.lines)))]
+            return [section(f"log `{escaped(fact.source)}`\n" + code(list(fact.lines)))]
         if isinstance(fact, Finished):
             return verdict_blocks(event.run_id, "", fact, self.record.artifacts.get(MINIMAL, ""))
         return []

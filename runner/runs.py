@@ -26,6 +26,17 @@ from runner.vllm_cli import LaunchCommandError, ServeCommand, ladder_step_ids, p
 
 log = logging.getLogger(__name__)
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# An image reference as Docker's distribution/reference grammar has it: [registry[:port]/]path[:tag][@digest],
+# path components lower-case; checked before the allowlist, whose `*` would otherwise match anything.
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN = (
+    r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[a-fA-F0-9:]+\])"
+)
+IMAGE_REFERENCE = re.compile(
+    rf"(?P<name>(?:{_DOMAIN}(?::[0-9]+)?/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*)"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
+)
 MAX_ARGV_TOKENS = 512
 MAX_BODY_BYTES = 256 * 1024
 
@@ -70,6 +81,14 @@ class RunHub:
             raise RunRejected(
                 "INVALID_ARGUMENT",
                 f"this runner serves cluster {self.config.cluster!r}, not {request.cluster!r}",
+            )
+        image = IMAGE_REFERENCE.fullmatch(request.image) if len(request.image) <= 512 else None
+        if image is None or len(image.group("name")) > 255:  # shown without what could format a Slack message
+            shown = re.sub(r"[^A-Za-z0-9._:/@\[\]-]", "?", request.image[:200])
+            marks = "; ? marks a character no reference has" if "?" in shown else ""
+            raise RunRejected(
+                "INVALID_ARGUMENT",
+                f"image {shown!r} is not an image reference ([registry[:port]/]path[:tag][@digest]{marks})",
             )
         if not any(fnmatchcase(request.image, pattern) for pattern in self.config.allowed_images):
             allowed = ", ".join(self.config.allowed_images)
