@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 
 from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
+from protos.limits import MESSAGE_OPTIONS
 from runner.config import RunnerConfig
 from runner.engines import make_backend
 from runner.journal import Journal
@@ -46,6 +47,7 @@ SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", MIN_PING_INTERVAL_MS),
     ("grpc.http2.max_ping_strikes", 0),
+    *MESSAGE_OPTIONS,  # the message size limits the bot's channels set too (protos/limits.py)
 )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from runner.clock import Clock
 from runner.config import DockerSettings
 from runner.engines.base import LogLine
+from runner.engines.lines import LineSplitter
 from runner.fingerprint import ImageTarget
 from runner.fingerprint.image import PROBE_LABEL, DockerUnavailable, docker_client, gpu_device_requests
 from runner.nvml import NvmlSource, PynvmlSource
@@ -51,21 +52,22 @@ class DockerEngine:
 
     @staticmethod
     def _pump(container: Any, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[LogLine | None]) -> None:
-        """Reads the container's merged output in a thread (the SDK's stream blocks) and hands over lines."""
-        pending = b""
+        """Reads the container's merged output in a thread (the SDK's stream blocks) and hands over lines, each
+        bounded (runner/engines/lines.py), in one call per chunk read."""
+        splitter = LineSplitter()
+
+        def hand_over(texts: list[str], stream: str = "stdout") -> None:
+            if texts:
+                loop.call_soon_threadsafe(_put_all, queue, [LogLine(stream, text) for text in texts])
+
         try:
             for chunk in container.logs(stream=True, follow=True, stdout=True, stderr=True):
-                pending += chunk
-                *complete, pending = pending.split(b"\n")
-                for raw in complete:
-                    text = raw.decode("utf-8", "replace").rstrip("\r")
-                    loop.call_soon_threadsafe(queue.put_nowait, LogLine("stdout", text))
+                hand_over(splitter.feed(chunk))
         except Exception as exc:  # the container went away mid-stream: say so in the log
-            loop.call_soon_threadsafe(queue.put_nowait, LogLine("stderr", f"[log stream ended: {exc}]"))
+            hand_over(splitter.close())
+            hand_over([f"[log stream ended: {exc}]"], "stderr")
         finally:
-            if pending:
-                text = pending.decode("utf-8", "replace")
-                loop.call_soon_threadsafe(queue.put_nowait, LogLine("stdout", text))
+            hand_over(splitter.close())
             loop.call_soon_threadsafe(queue.put_nowait, None)
 
     async def wait(self) -> int:
@@ -82,6 +84,11 @@ class DockerEngine:
         await self.wait()
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self._container.remove, force=True)
+
+
+def _put_all(queue: asyncio.Queue[LogLine | None], lines: list[LogLine]) -> None:
+    for line in lines:
+        queue.put_nowait(line)
 
 
 class DockerBackend:

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from protos import runner_pb2 as pb
+from protos.limits import LOG_CHUNK_BYTES
 from protos.vocab import from_id
 from runner.analyzer import ErrorFinding, PhaseFinding, Stall, StreamAnalyzer
 from runner.analyzer.messages import first_error_message
@@ -19,7 +20,8 @@ from runner.engines import RunningEngine
 from runner.stages.context import Emit
 
 CHUNK_LINES = 200  # a log chunk is sent when this many lines wait ...
-CHUNK_INTERVAL_S = 1.0  # ... or this long after its first line
+CHUNK_INTERVAL_S = 1.0  # ... or this long after its first line, or before it would weigh LOG_CHUNK_BYTES
+LINE_OVERHEAD_BYTES = 8  # what a line costs in a LogChunk besides its text (its tag and length)
 ERROR_WAIT_S = 3.0  # after a failed answer, how long the engine's log gets to show why (a limit)
 # uvicorn's access line, written on stdout as the response starts, after every line vLLM (also on stdout) logged
 # for the request: once it has been read, so have they (reference/vllm.md §2)
@@ -41,6 +43,7 @@ class LogFollower:
         self._source = source
         self._phase: str | None = None
         self._pending: list[str] = []
+        self._pending_bytes = 0  # what the pending lines weigh in a LogChunk
         self._pending_since = 0.0
         self._fed = 0  # lines given to the analyzer (its findings carry the line number)
         self._stop_line: int | None = None  # lines fed when the runner began to stop the engine
@@ -67,9 +70,13 @@ class LogFollower:
             async for line in self.engine.lines():
                 text = line.text
                 self.tail.append(text)
+                weight = len(text.encode("utf-8", "surrogatepass")) + LINE_OVERHEAD_BYTES
+                if self._pending_bytes + weight > LOG_CHUNK_BYTES:  # a burst is cut in chunks under the gRPC limit
+                    await self._flush()
                 if not self._pending:
                     self._pending_since = self.clock.now()
                 self._pending.append(text)
+                self._pending_bytes += weight
                 if len(self._pending) >= CHUNK_LINES:
                     await self._flush()
                 self._fed += 1
@@ -99,7 +106,7 @@ class LogFollower:
 
     async def _flush(self) -> None:
         if self._pending:
-            lines, self._pending = self._pending, []
+            lines, self._pending, self._pending_bytes = self._pending, [], 0
             await self._emit(log_chunk=pb.LogChunk(source=self._source, lines=lines))
 
     async def _found(self, finding: PhaseFinding | ErrorFinding) -> None:
