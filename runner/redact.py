@@ -32,14 +32,17 @@ KEY_ENV = "K3REPRO_REDACTION_KEY"
 PLACEHOLDER = re.compile(r"\[REDACTED:[0-9a-f]{8}\]")
 # A flag and its value in free text: `--api_key=x`, `--hf-t x`, `"--api-key", "x"` (a JSON or Python list).
 _FLAG_IN_TEXT = re.compile(
-    r"""(?<![\w-])(?P<name>--[A-Za-z][\w-]*)["']?(?:=|\s*[,:]\s*|\s+)["']?(?P<secret>[^\s"',;\[\]()]+)"""
+    r"""(?<![\w-])(?P<name>--[A-Za-z][\w-]*)(?:\\*["'])?(?:=|\s*[,:]\s*|\s+)(?:\\*["'])?"""
+    r"""(?P<secret>(?:[^\s"',;\[\]()\\]|\\(?!["']))+)"""
 )
 # An environment-style assignment in free text: `HF_TOKEN=x`, `export DB_PASSWORD="x"`, `"HF_TOKEN": "x"`.
-_ENV_IN_TEXT = re.compile(r"""(?<![\w-])(?P<name>[A-Z][A-Z0-9_]*)["']?\s*[=:]\s*["']?(?P<secret>[^\s"',;]+)""")
-# One item of a list printed as Python or JSON does (`'KEY1', "KEY2", 3`): a placeholder, a quoted string, a word.
-_LIST_ITEM = re.compile(
-    r"""\[REDACTED:[0-9a-f]{8}\]|(?P<quote>['"])(?P<item>(?:(?!(?P=quote))[^\\]|\\.)*)(?P=quote)|[^\s'",]+"""
+# A quote may come backslash-escaped (JSON quoted in a JSON string): the value stops before `\"`.
+_ENV_IN_TEXT = re.compile(
+    r"""(?<![\w-])(?P<name>[A-Z][A-Z0-9_]*)(?:\\*["'])?\s*[=:]\s*(?:\\*["'])?(?P<secret>(?:[^\s"',;\\]|\\(?!["']))+)"""
 )
+# One item of a list printed as Python or JSON does (`'KEY1', "KEY2", 3`): a placeholder, a quoted string, a word
+# (a backslash, as in `\"KEY\"`, is neither).
+_LIST_ITEM = re.compile(r"""\[REDACTED:[0-9a-f]{8}\]|'(?P<single>[^'\\]*)'|"(?P<double>[^"\\]*)"|[^\s'",\\]+""")
 # Terminal control sequences (ANSI CSI/OSC, C0/C1 controls but tab and newline): a crafted text must not
 # move the cursor, retitle the terminal or hide a line.
 _CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -156,9 +159,10 @@ class Redactor:
         return self.mask(match.group(0))
 
     def _mask_item(self, match: re.Match[str]) -> str:
-        quote, item = match.group("quote"), match.group("item")
-        if quote is None or item is None:  # a placeholder, or a bare word
+        item = match.group("single") if match.group("single") is not None else match.group("double")
+        if item is None:  # a placeholder (kept), or a bare word
             return self.mask(match.group(0))
+        quote = match.group(0)[0]
         return f"{quote}{self.mask(item)}{quote}" if item else match.group(0)
 
     def _mask_group(self, match: re.Match[str]) -> str:

@@ -167,6 +167,19 @@ SHAPES = {
     "short hf_ token": ("token is hf_AbC123xyz", "hf_AbC123xyz"),
     "pydantic input_value": ("[type=int_parsing, input_value='PydanticEcho1', input_type=str]", "PydanticEcho1"),
     "pydantic input_value cut off": ("[type=value_error, input_value='PydanticCutOf", "PydanticCutOf"),
+    "escaped JSON in text": (
+        r"body: {\"api_key\": \"EscKey123\", \"HF_TOKEN\": \"EscEnv123\", \"aws_secret_access_key\": \"EscAws1\"}",
+        "EscKey123",
+        "EscEnv123",
+        "EscAws1",
+    ),
+    "escaped JSON argv and list": (
+        r"{\"argv\": [\"--api-key\", \"EscFlag12\"], \"api_key\": [\"EscList1\", \"EscList2\"]}",
+        "EscFlag12",
+        "EscList1",
+        "EscList2",
+    ),
+    "escaped Authorization": (r"\"Authorization\": \"Basic EscBasic99\"", "EscBasic99"),
     "AWS temporary key id": ("ASIAIOSFODNN7EXAMPLE", "ASIAIOSFODNN7EXAMPLE"),
     "Google API key": ("key AIzaSyA-1234567890abcdefghijklmnopqrstu", "AIzaSyA-1234567890abcdefghijklmnopqrstu"),
 }
