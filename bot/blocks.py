@@ -53,7 +53,7 @@ METADATA_EVENT = "k3repro_run"
 RUN_MARK = {RUNNING: "🔄", COMPLETED: "✅", CANCELLED: "⊘", ERROR: "⚠️", LOST: "⚠️"}
 STAGE_MARK = {"ok": "✅", "failed": "❌", "skipped": "⏭", "cancelled": "⊘"}
 DECISION_MARK = {"fix": "🛠", "isolate": "🧪", "continue": "🔎"}
-CHECK_MARK = {"holds": "✅", "fails": "❌"}
+CHECK_MARK = {"holds": "✅", "fails": "❌", "not_applicable": "➖"}
 PENDING_MARK = "⬜"
 
 
@@ -256,12 +256,14 @@ def checklist(view: RunRecord) -> Message:
         text = f"*Checklist* · a minimize run settles none: see run `{escaped(view.minimize_of)}` · {where}"
         return fit(text, [section(text, "now"), context(run)])
     held = sum(1 for check in view.checklist.values() if check.holds)
-    blocks = [section(f"*Checklist* · {held}/{len(CHECKLIST_IDS)} hold · {where}", "now")]
+    moot = sum(1 for check in view.checklist.values() if check.state == "not_applicable")
+    counted = f"{held}/{len(CHECKLIST_IDS) - moot} hold" + (f" ({moot} not applicable)" if moot else "")
+    blocks = [section(f"*Checklist* · {counted} · {where}", "now")]
     for item in CHECKLIST_IDS:
         check = view.checklist.get(item) or Check(item, "", "")
         blocks.append(section(checklist_line(check, EVIDENCE_CHARS), item))
     blocks.append(context(run))
-    return fit(f"Checklist: {held}/{len(CHECKLIST_IDS)} hold · {where}", blocks)
+    return fit(f"Checklist: {counted} · {where}", blocks)
 
 
 def stage_result(view: RunRecord, finished: StageResult) -> Message:

@@ -55,7 +55,7 @@ class FirstError:
 @dataclass(frozen=True)
 class Check:
     item: str
-    state: str  # "pending", "holds", "fails"
+    state: str  # "pending" (no evidence), "holds", "fails", "not_applicable"
     evidence: str
 
     @property

@@ -19,11 +19,13 @@ def run_report(run_id: str, events: list[pb.RunEvent]) -> dict[str, Any]:
 def report(record: RunRecord) -> dict[str, Any]:
     error, failures = record.first_error, [step for step in record.ladder if step.signature]
     minimized = record.artifacts.get("minimal_failing_command")
-    checks = {item: check.holds for item, check in record.checklist.items()}
+    checks = {item: {"state": check.state, "evidence": check.evidence} for item, check in record.checklist.items()}
+    no_evidence = {"state": "pending", "evidence": ""}
     return {
         "run_id": record.run_id,
         "decision": record.decision or None,
-        "checklist": {item: checks.get(item, False) for item in CHECKLIST_IDS},
+        # each item: holds / fails / pending (no evidence) / not_applicable, and the evidence for it
+        "checklist": {item: checks.get(item, no_evidence) for item in CHECKLIST_IDS},
         "first_error": None
         if error is None
         else {

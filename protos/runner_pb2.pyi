@@ -67,6 +67,7 @@ class ChecklistState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHECKLIST_STATE_PENDING: _ClassVar[ChecklistState]
     CHECKLIST_STATE_HOLDS: _ClassVar[ChecklistState]
     CHECKLIST_STATE_FAILS: _ClassVar[ChecklistState]
+    CHECKLIST_STATE_NOT_APPLICABLE: _ClassVar[ChecklistState]
 
 class LadderOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -145,6 +146,7 @@ CHECKLIST_STATE_UNSPECIFIED: ChecklistState
 CHECKLIST_STATE_PENDING: ChecklistState
 CHECKLIST_STATE_HOLDS: ChecklistState
 CHECKLIST_STATE_FAILS: ChecklistState
+CHECKLIST_STATE_NOT_APPLICABLE: ChecklistState
 LADDER_OUTCOME_UNSPECIFIED: LadderOutcome
 LADDER_OUTCOME_OK: LadderOutcome
 LADDER_OUTCOME_CACHE_HIT: LadderOutcome

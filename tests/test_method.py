@@ -22,7 +22,7 @@ from runner.sim.scenario import scenario_path
 from runner.tls import DevCerts
 from tests.k3fixtures import bot_config, bot_core, finished_run, run_to_end, runner_data, running_runner
 
-HOLDS, FAILS = pb.CHECKLIST_STATE_HOLDS, pb.CHECKLIST_STATE_FAILS
+HOLDS, FAILS, MOOT = pb.CHECKLIST_STATE_HOLDS, pb.CHECKLIST_STATE_FAILS, pb.CHECKLIST_STATE_NOT_APPLICABLE
 
 
 async def _run(certs: DevCerts, tmp_path: Path, scenario: str, **start: Any) -> list[pb.RunEvent]:
@@ -95,16 +95,18 @@ async def test_prefix_caching_crash_is_found_by_its_ladder_step(certs: DevCerts,
     assert (
         checks["revertible_baseline"][0] == HOLDS and "--no-enable-prefix-caching" in checks["revertible_baseline"][1]
     )
-    assert checks["oom_not_secondary"] == (HOLDS, "no OOM seen")
+    assert checks["oom_not_secondary"] == (MOOT, "no OOM seen")
     finished = _finished(events)
-    assert finished.decision == pb.DECISION_CONTINUE
-    assert "container_gpu_view_recorded" in finished.reasons[0]  # the sim host has no nvidia-smi in a container
+    # pinned, repeated 2 of 2, a revertible baseline, the image's versions and GPU view recorded: fix in place
+    assert finished.decision == pb.DECISION_FIX
+    assert finished.reasons[0].startswith("all 9 checklist items that apply hold")  # no OOM: not applicable
     report = run_report("r", events)
     # minimal; prefix_caching on dummy weights and its confirmation on the real configuration; long_input (back
     # to stable), max_model_len and tools on dummy weights; the repeat of the trigger on a proxy
     assert (report["trigger_step"], report["candidates"], report["launches"]) == ("prefix_caching", [], 7)
     assert report["first_error"]["phase"] == "request" and "illegal memory access" in report["first_error"]["line"]
-    assert report["checklist"]["failure_repeated"] is True
+    assert report["checklist"]["failure_repeated"]["state"] == "holds"
+    assert report["checklist"]["oom_not_secondary"] == {"state": "not_applicable", "evidence": "no OOM seen"}
 
 
 async def test_max_model_len_beyond_kv_capacity_is_an_oom_at_its_step(certs: DevCerts, tmp_path: Path) -> None:
@@ -128,7 +130,7 @@ async def test_failure_at_minimal_launch_is_repeated_and_skips_the_ladder(certs:
     assert _stage(events, pb.STAGE_VERDICT).status == pb.STAGE_STATUS_OK  # the verdict always runs
     checks = _checklist(events)
     assert checks["failure_repeated"][0] == HOLDS
-    assert checks["prefix_caching_isolated"][0] == HOLDS  # off in the minimal launch, which already fails
+    assert checks["prefix_caching_isolated"][0] == MOOT  # off in the minimal launch, which already fails
     assert checks["revertible_baseline"][0] == FAILS
     sources = {e.log_chunk.source for e in events if e.HasField("log_chunk")}
     assert {"minimal_launch", "minimal_launch/attempt-2"} <= sources
@@ -144,7 +146,7 @@ async def test_healthy_deployment_reports_that_nothing_failed(certs: DevCerts, t
     assert last.source == "ladder/as_written" and not last.proxies
     assert "every step held, the deployment as written included" in _stage(events, pb.STAGE_LADDER).summary
     checks = _checklist(events)
-    assert checks["first_error_saved"] == (FAILS, "nothing failed: every stage and ladder step held")
+    assert checks["first_error_saved"] == (MOOT, "nothing failed: every stage and ladder step held")
     assert _finished(events).decision == pb.DECISION_CONTINUE
 
 
@@ -291,7 +293,7 @@ async def test_the_trigger_step_is_repeated_on_a_proxy_that_shows_the_same_failu
     step = next(e.ladder_step for e in events if e.ladder_step.step == "prefix_caching")
     assert step.detail.endswith("(met on a proxy, confirmed on the real configuration)")
     report = run_report("r", events)
-    assert report["trigger_step"] == "prefix_caching" and report["checklist"]["failure_repeated"]
+    assert report["trigger_step"] == "prefix_caching" and report["checklist"]["failure_repeated"]["state"] == "holds"
     # the report labels every launch: its source, and the proxies it ran on (null: the real configuration)
     listed = report["launch_list"]
     assert [launch["source"] for launch in listed] == sources and len(listed) == report["launches"]
@@ -317,7 +319,9 @@ async def test_a_proxy_that_does_not_reproduce_the_failure_is_abandoned_for_the_
     abandoned = next(e.artifact.content for e in events if e.artifact.name == "proxy_abandoned")
     assert abandoned.startswith("the proxy launch did not fail where the real one failed in request")
     report = run_report("r", events)
-    assert report["launches"] == 8 and report["checklist"]["failure_repeated"]  # the abandoned proxy, one more
+    assert (
+        report["launches"] == 8 and report["checklist"]["failure_repeated"]["state"] == "holds"
+    )  # the abandoned proxy, one more
 
 
 async def test_a_weight_load_failure_is_never_repeated_on_a_proxy(certs: DevCerts, tmp_path: Path) -> None:

@@ -114,7 +114,10 @@ def test_demo_json_is_the_run_report() -> None:
     assert report["decision"] == "continue"
     assert report["first_error"]["phase"] == "gpu_detect" and report["first_error"]["category"] == "nccl_comm"
     assert (report["ladder"], report["trigger_step"], report["launches"]) == ([], None, 2)
-    assert report["checklist"]["failure_repeated"] is True and report["checklist"]["revertible_baseline"] is False
+    assert (
+        report["checklist"]["failure_repeated"]["state"] == "holds"
+        and report["checklist"]["revertible_baseline"]["state"] == "fails"
+    )
 
 
 def test_cli_bad_input_gets_one_line_and_exit_2(tmp_path: Path) -> None:

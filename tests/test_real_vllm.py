@@ -96,7 +96,10 @@ def assert_repeated_failure(report: dict[str, Any], events: list[pb.RunEvent], p
     assert (error["phase"], error["category"]) == (phase, category), error
     assert len(first_errors(events)) >= 2  # one per failed launch: the same failure, met again
     assert {(to_id(pb.Phase, e.phase), e.signature) for e in first_errors(events)} == {(phase, error["signature"])}
-    assert report["checklist"]["first_error_saved"] and report["checklist"]["failure_repeated"]
+    assert (
+        report["checklist"]["first_error_saved"]["state"] == "holds"
+        and report["checklist"]["failure_repeated"]["state"] == "holds"
+    )
     assert report["decision"] == "continue"
 
 
@@ -112,9 +115,14 @@ async def test_healthy_deployment_with_prefix_caching_ends_without_a_failure(
     assert steps["long_input"] == steps["max_model_len"] == steps["concurrency"] == "ok"
     assert steps["tools_structured_output"] == "not_applicable"  # the deployment has no tool-call flags
     assert report["trigger_step"] is None and report["candidates"] == []
-    assert report["checklist"]["single_request_fixed"] and report["checklist"]["revertible_baseline"]
-    # minimal, then one relaunch per flag-level step the deployment has (prefix caching, max-model-len, seqs)
-    assert report["launches"] == 4
+    assert (
+        report["checklist"]["single_request_fixed"]["state"] == "holds"
+        and report["checklist"]["revertible_baseline"]["state"] == "holds"
+    )
+    # minimal, one relaunch per flag-level step the deployment has (prefix caching, max-model-len, seqs) on
+    # dummy weights, then the deployment as written on the real configuration: the last rung, held
+    assert report["launches"] == 5
+    assert report["ladder"][-1] == {"step": "as_written", "outcome": "ok", "relaunched": True}
     long_input = next(
         e.request_result for e in events if e.HasField("request_result") and e.request_result.prompt_tokens > 1000
     )
@@ -130,7 +138,7 @@ async def test_healthy_deployment_with_a_short_context(run: Run, vllm_models: di
     answered = [e.request_result for e in events if e.HasField("request_result")]
     assert all(r.http_status == 200 for r in answered)
     assert max(r.prompt_tokens for r in answered) <= 512 - 16
-    assert report["launches"] == 3
+    assert report["launches"] == 4  # minimal, max_model_len on dummy weights, the deployment as written
 
 
 async def test_a_request_that_kills_the_engine_is_relaunched_and_repeated(
@@ -155,8 +163,30 @@ async def test_a_config_error_at_its_ladder_step_is_the_trigger(run: Run, vllm_m
     assert "Value error, User-specified max_model_len" in error["signature"]  # the line that names the cause
     assert report["trigger_step"] == "max_model_len"
     assert ladder(report)["max_model_len"] == "crash"
-    assert report["checklist"]["failure_repeated"] and report["checklist"]["revertible_baseline"]
+    assert (
+        report["checklist"]["failure_repeated"]["state"] == "holds"
+        and report["checklist"]["revertible_baseline"]["state"] == "holds"
+    )
     assert len(first_errors(events)) >= 2 and len({e.signature for e in first_errors(events)}) == 1
+
+
+async def test_a_failure_only_a_flag_the_minimal_launch_strips_causes_is_found_on_the_way_back(
+    run: Run, vllm_models: dict[str, Path]
+) -> None:
+    """Disaggregated prefill through NIXL, on a host without NIXL: vLLM CPU's worker fails to start. The minimal
+    launch strips --kv-transfer-config and answers; the ladder's KV-transfer step puts it back and meets it."""
+    transfer = '{"kv_connector": "NixlConnector", "kv_role": "kv_both"}'
+    events, report = await run(
+        vllm_models["llama-4k"], "--enforce-eager", "--no-enable-prefix-caching", "--kv-transfer-config", transfer
+    )
+    assert_repeated_failure(report, events, "engine_init", report["first_error"]["category"])
+    assert "NIXL is not available" in report["first_error"]["line"]
+    assert report["trigger_step"] == "kv_transfer" and ladder(report)["kv_transfer"] == "crash"
+    step = next(e.ladder_step for e in events if e.ladder_step.step == "kv_transfer")
+    assert list(step.added) == [f"--kv-transfer-config {transfer}"]
+    assert stage(events, pb.STAGE_MINIMAL_LAUNCH).status == pb.STAGE_STATUS_OK
+    launched = sources(events)  # met on dummy weights, confirmed on the real configuration, repeated
+    assert launched.index("ladder/kv_transfer/proxy") + 1 == launched.index("ladder/kv_transfer/confirm")
 
 
 async def test_a_kv_cache_too_small_for_max_model_len(run: Run, vllm_models: dict[str, Path]) -> None:
@@ -166,7 +196,7 @@ async def test_a_kv_cache_too_small_for_max_model_len(run: Run, vllm_models: dic
     error = report["first_error"]
     assert error is not None and (error["phase"], error["category"]) == ("engine_init", "kv_cache_capacity")
     assert report["trigger_step"] == "max_model_len" and ladder(report)["max_model_len"] == "oom"
-    assert report["checklist"]["failure_repeated"]
+    assert report["checklist"]["failure_repeated"]["state"] == "holds"
     # met on dummy weights, confirmed on the real configuration, repeated on dummy weights after the other steps
     launched = sources(events)
     assert launched.index("ladder/max_model_len/proxy") + 1 == launched.index("ladder/max_model_len/confirm")

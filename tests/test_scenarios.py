@@ -32,30 +32,33 @@ class Expected:
     launches: int | None = None
 
 
+# A trigger pinned to its ladder step and repeated 2 of 2 on a stable host whose image's versions and GPU view were
+# recorded settles every checklist item that applies: `fix`. A failure of the minimal launch leaves no revertible
+# baseline, a healthy run nothing repeated: `continue`.
 EXPECTED = {
     # failures that need a flag the minimal launch strips: found where the ladder climbs back to the deployment
     "attention-backend": Expected(
-        "continue", "kernel_backends", ("engine_init", "driver_cuda_init", "no kernel image is available")
+        "fix", "kernel_backends", ("engine_init", "driver_cuda_init", "no kernel image is available")
     ),
     "spec-decode-crash": Expected(
-        "continue", "speculative_decoding", ("request", "request_error", "an illegal memory access")
+        "fix", "speculative_decoding", ("request", "request_error", "an illegal memory access")
     ),
     "full-cudagraph-mla": Expected(  # only the two flags together: kernel_backends holds alone
-        "continue", "compilation_cuda_graphs", ("engine_init", "cudagraph", "not permitted when stream is capturing")
+        "fix", "compilation_cuda_graphs", ("engine_init", "cudagraph", "not permitted when stream is capturing")
     ),
-    "autotune-hang": Expected("continue", "kernel_backends", ("engine_init", "other", "hang: no progress")),
+    "autotune-hang": Expected("fix", "kernel_backends", ("engine_init", "other", "hang: no progress")),
     "tuned-healthy": Expected("continue", None, None),
-    "concurrency-oom": Expected("continue", "concurrency", ("request", "oom", "torch.OutOfMemoryError: CUDA out of")),
+    "concurrency-oom": Expected("fix", "concurrency", ("request", "oom", "torch.OutOfMemoryError: CUDA out of")),
     "cudagraph-capture": Expected("continue", None, ("engine_init", "oom", "CUDA out of memory"), launches=3),
     "demo": Expected("continue", None, ("gpu_detect", "nccl_comm", "NCCL error: unhandled system error")),
     "flaky-phases": Expected("isolate", None, ("weight_load", "driver_cuda_init", "uncorrectable ECC error")),
     "healthy": Expected("continue", None, None),
-    "kv-capacity": Expected("continue", "max_model_len", ("engine_init", "kv_cache_capacity", "KV cache is needed")),
+    "kv-capacity": Expected("fix", "max_model_len", ("engine_init", "kv_cache_capacity", "KV cache is needed")),
     "leftover-process": Expected("continue", None, ("gpu_detect", "oom", "Free memory on device"), secondary_oom=True),
     "nccl-init-hang": Expected("continue", None, ("gpu_detect", "nccl_comm", "hang: no progress in gpu_detect")),
     "old-driver": Expected("continue", None, None, launches=0),  # the baseline stops it before any launch
     "prefix-cache-crash": Expected(
-        "continue", "prefix_caching", ("request", "request_error", "an illegal memory access was encountered")
+        "fix", "prefix_caching", ("request", "request_error", "an illegal memory access was encountered")
     ),
 }
 
@@ -129,7 +132,7 @@ async def test_a_failure_only_a_stripped_flag_causes_is_found_on_the_way_back_an
     assert trigger["relaunched"] and trigger["outcome"] != "ok"
     line = next(line for line in printed.split("\n") if f"ladder · {report['trigger_step']}:" in line)
     assert all(flag in line for flag in flags), line  # the step names every flag it adds
-    assert report["checklist"]["failure_repeated"] is True  # confirmed like any other trigger: 2 of 2
+    assert report["checklist"]["failure_repeated"]["state"] == "holds"  # confirmed like any other trigger: 2 of 2
     assert "did not reproduce" not in printed
     # the rungs after the trigger still ran; the deployment as written was not needed once the failure was met
     assert report["ladder"][-1] == {"step": "as_written", "outcome": "not_applicable", "relaunched": False}
@@ -147,14 +150,16 @@ async def test_a_healthy_tuned_deployment_ends_on_its_own_command_launched_and_h
 async def test_flaky_phases_is_isolated_for_its_moving_failure(tmp_path: Path) -> None:
     report, printed = await _shipped("flaky-phases", tmp_path)
     assert "the same command fails at different phases from attempt to attempt: weight_load, engine_init" in printed
-    assert report["checklist"]["failure_repeated"] is False
+    assert report["checklist"]["failure_repeated"]["state"] == "fails"
 
 
 async def test_a_hang_is_cut_short_and_reported_as_the_finding(tmp_path: Path) -> None:
     report, printed = await _shipped("nccl-init-hang", tmp_path)
-    assert report["launches"] == 2 and report["checklist"]["failure_repeated"] is True  # the hang, and its repeat
+    assert (
+        report["launches"] == 2 and report["checklist"]["failure_repeated"]["state"] == "holds"
+    )  # the hang, and its repeat
     assert "NCCL_DEBUG=INFO" in printed  # the hang's hint
-    assert report["checklist"]["first_error_saved"] is True
+    assert report["checklist"]["first_error_saved"]["state"] == "holds"
 
 
 async def test_any_scenario_file_runs_from_its_deployment(tmp_path: Path) -> None:
@@ -205,7 +210,7 @@ async def test_a_request_the_engine_never_answers_is_a_hang_found_at_its_ladder_
     assert (first["phase"], first["category"]) == ("request", "nccl_comm")
     assert first["line"].startswith("hang: no progress in request for 120 s; last line: (EngineCore pid=")
     assert first["line"].endswith("NCCL watchdog: collective operation timeout is approaching")
-    assert report["checklist"]["failure_repeated"] is True  # the trigger step hung again
+    assert report["checklist"]["failure_repeated"]["state"] == "holds"  # the trigger step hung again
 
 
 async def test_a_broken_scenario_file_is_one_line_and_starts_nothing(tmp_path: Path) -> None:

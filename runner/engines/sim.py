@@ -14,6 +14,7 @@ from runner.fingerprint import PythonTarget
 from runner.nvml import GpuInfo, GpuProcess, NvmlView
 from runner.sim.catalog import catalog
 from runner.sim.cli import parse_settings
+from runner.sim.image_root import probe_environment
 from runner.sim.scenario import Host, load_scenario
 from runner.sim.settings import UsageError
 from runner.toml_reader import ConfigError
@@ -109,7 +110,10 @@ class SimBackend(ProcessBackend):
         return ""  # argv[0] is never run: the simulator stands in for it
 
     def probe_target(self, argv: list[str], image: str) -> PythonTarget:
-        return PythonTarget(sys.executable)  # the Python that runs vllm-sim
+        """The Python that runs vllm-sim, seeing the scenario's [image] as the probe would inside it."""
+        scenario = load_scenario(self.scenario or None, catalog().phases())
+        env = probe_environment(scenario.image, scenario.host)
+        return PythonTarget(sys.executable, tuple(sorted(env.items())))
 
     def environment(self, run_id: str) -> dict[str, str]:
         env = super().environment(run_id)

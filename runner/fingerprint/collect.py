@@ -31,6 +31,7 @@ class PythonTarget:
     """Probe what loads for this Python (a bare-metal install)."""
 
     path: str
+    env: tuple[tuple[str, str], ...] = ()  # set for the probe: where that install's environment differs from ours
 
 
 Target = ImageTarget | PythonTarget
@@ -100,7 +101,7 @@ def collect(
     if isinstance(target, ImageTarget):
         image, runtime = _image_parts(target.ref, gpus=view.available and bool(view.gpus), redact=redact)
     elif isinstance(target, PythonTarget):
-        runtime = run_python_probe(target.path)
+        runtime = run_python_probe(target.path, dict(target.env))
     else:
         runtime = runtime_section("none", None, "no image or Python given to probe")
     document = {

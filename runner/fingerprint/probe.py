@@ -7,6 +7,7 @@ against a given Python.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from collections import defaultdict
@@ -24,8 +25,8 @@ def probe_script() -> str:
     return resources.files("runner.data").joinpath("probe.sh").read_text(encoding="utf-8")
 
 
-def run_python_probe(python: str) -> dict[str, Any]:
-    """Runs the probe on this host against `python` (a bare-metal install)."""
+def run_python_probe(python: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Runs the probe on this host against `python` (a bare-metal install), with `env` over our environment."""
     try:
         done = subprocess.run(
             ["sh", "-c", probe_script(), "probe", python],
@@ -33,6 +34,7 @@ def run_python_probe(python: str) -> dict[str, Any]:
             text=True,
             timeout=PROBE_TIMEOUT_S,
             check=False,
+            env={**os.environ, **env} if env else None,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return runtime_section("python", None, f"probe did not run: {exc}")

@@ -1,7 +1,7 @@
 """Fault scenarios (TOML, a contract): the failing deployment, the simulated host, and the faults to inject.
 
 [deployment] is the deployment as the cluster runs it (the demo starts from it); [host] is what NVML and
-nvidia-smi report; each [[fault]] strikes in a phase with an effect, when all of its [fault.when] conditions
+nvidia-smi report; [image] is what a probe finds inside the image (its versions, nvidia-smi in a container); each [[fault]] strikes in a phase with an effect, when all of its [fault.when] conditions
 hold, with a probability drawn from [host].seed and the launch number (so a flaky fault varies from attempt
 to attempt and the same run replays the same way). [model] and [timings] are vllm-sim's own extension: they
 override runner/sim/data/defaults.toml key by key. runner/sim/data/scenarios/healthy.toml documents every
@@ -71,6 +71,18 @@ class Host:
 
 
 @dataclass(frozen=True)
+class Image:
+    """What a probe finds inside the deployment's image: the versions it would load, and whether nvidia-smi
+    runs in a container of it (the container's view of the host's GPUs)."""
+
+    vllm: str
+    torch: str
+    torch_cuda: str  # the CUDA torch was built for, as torch/version.py says: "13.0"
+    cuda_runtime: str  # the CUDA runtime the image ships: "13.0.88"
+    nvidia_smi: bool  # false: the container sees no GPU (no device, no driver libraries mounted)
+
+
+@dataclass(frozen=True)
 class Model:
     architecture: str
     dtype: str
@@ -130,6 +142,7 @@ class Scenario:
     description: str
     deployment: Deployment | None  # None only for the built-in defaults (no scenario file)
     host: Host
+    image: Image
     model: Model
     timings: Timings
     faults: tuple[Fault, ...]
@@ -186,7 +199,7 @@ def load_scenario(path: str | None, error_phases: Mapping[str, str]) -> Scenario
     """The scenario at `path` (None: defaults, no faults); `error_phases` maps catalog keys to phases."""
     source = path or "(no scenario)"
     data = read_toml(Path(path)) if path else {}
-    unknown = set(data) - {"description", "deployment", "host", "model", "timings", "fault"}
+    unknown = set(data) - {"description", "deployment", "host", "image", "model", "timings", "fault"}
     if unknown:
         raise ConfigError(f"{source}: unknown key {sorted(unknown)[0]!r}")
     defaults = load("defaults.toml")
@@ -207,6 +220,7 @@ def load_scenario(path: str | None, error_phases: Mapping[str, str]) -> Scenario
         description=description,
         deployment=_deployment(data.get("deployment"), f"{source}: [deployment]") if path else None,
         host=host,
+        image=_section(Image, defaults["image"], data.get("image", {}), f"{source}: [image]"),
         model=_section(Model, defaults["model"], data.get("model", {}), f"{source}: [model]"),
         timings=_section(Timings, defaults["timings"], data.get("timings", {}), f"{source}: [timings]"),
         faults=parsed,

@@ -22,7 +22,7 @@ from runner.sim.engine import Engine, EngineDeadError, FaultResponseError, Gener
 from runner.sim.http import HttpServer, Request, Response, json_response
 from runner.sim.logwriter import LogWriter, Procs
 from runner.sim.metrics import CONTENT_TYPE, Metrics
-from runner.sim.sizing import VERSION, Facts
+from runner.sim.sizing import Facts
 from runner.sim.tokenizer import chat_prompt, detokenize, token_id, token_of, tokenize
 
 
@@ -59,7 +59,7 @@ class ApiServer:
         self._metrics = Metrics(engine, facts.settings.served_model_name, facts.values())
         self._created = int(time.time())
         seed = f"{facts.settings.model}|{facts.settings.served_model_name}".encode()
-        self._fingerprint = f"vllm-{VERSION}-{hashlib.sha256(seed).hexdigest()[:8]}"
+        self._fingerprint = f"vllm-{facts.scenario.image.vllm}-{hashlib.sha256(seed).hexdigest()[:8]}"
         self._http = HttpServer(
             {
                 "/health": {"GET": self._health},
@@ -86,7 +86,7 @@ class ApiServer:
         return Response(503 if self._engine.dead.is_set() else 200)
 
     async def _version(self, request: Request) -> Response:
-        return json_response({"version": VERSION})
+        return json_response({"version": self._facts.scenario.image.vllm})
 
     async def _models(self, request: Request) -> Response:
         settings = self._facts.settings

@@ -18,7 +18,6 @@ from runner.sim.scenario import Scenario
 from runner.sim.settings import Settings
 
 GIB = 1 << 30
-VERSION = str(load("log.toml")["values"]["version"])
 
 
 @dataclass(frozen=True)
@@ -80,6 +79,7 @@ class Facts:
         digest = hashlib.sha256(seed).hexdigest()
         return {
             **log_values,
+            "version": self.scenario.image.vllm,
             "api_pid": os.getpid(),
             "model": settings.model,
             "served_model_name": settings.served_model_name,

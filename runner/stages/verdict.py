@@ -10,6 +10,7 @@ from runner.stages.context import RunContext, StageResult
 from runner.stages.launcher import shell_line
 
 HOLDS, FAILS, PENDING = pb.CHECKLIST_STATE_HOLDS, pb.CHECKLIST_STATE_FAILS, pb.CHECKLIST_STATE_PENDING
+MOOT = pb.CHECKLIST_STATE_NOT_APPLICABLE  # the item's step had nothing to settle: it neither holds nor blocks fix
 ISOLATED_BY_MINIMAL = (
     "the minimal launch runs with prefix caching off and already fails: prefix caching is not involved"
 )
@@ -31,9 +32,16 @@ def decide(ctx: RunContext) -> tuple[pb.Decision, list[str]]:
     unstable = _instability(ctx)
     if unstable:
         return pb.DECISION_ISOLATE, unstable
-    missing = [item for item in CHECKLIST_IDS if _state(ctx, item) != HOLDS]
+    missing = [item for item in CHECKLIST_IDS if _state(ctx, item) not in (HOLDS, MOOT)]
     if not missing:
-        return pb.DECISION_FIX, [f"all {len(CHECKLIST_IDS)} checklist items hold: fix in place, one change at a time"]
+        moot = sum(1 for item in CHECKLIST_IDS if _state(ctx, item) == MOOT)
+        applies = (
+            f"all {len(CHECKLIST_IDS) - moot} checklist items that apply"
+            if moot
+            else f"all {len(CHECKLIST_IDS)} checklist items"
+        )
+        held = f"{applies} hold"
+        return pb.DECISION_FIX, [f"{held}: fix in place, one change at a time"]
     reasons = [f"no evidence yet for: {', '.join(missing)}"]
     if any(ctx.holders):
         holders = ", ".join(ctx.holder_notes[p] for p in sorted(frozenset().union(*ctx.holders)))
@@ -112,17 +120,18 @@ async def _first_error(ctx: RunContext) -> None:
     elif ctx.attempts:
         await ctx.check(pb.CHECKLIST_ID_FIRST_ERROR_SAVED, FAILS, "the launch exited without an error line")
     elif ctx.steps:
-        await ctx.check(pb.CHECKLIST_ID_FIRST_ERROR_SAVED, FAILS, "nothing failed: every stage and ladder step held")
+        await ctx.check(pb.CHECKLIST_ID_FIRST_ERROR_SAVED, MOOT, "nothing failed: every stage and ladder step held")
 
 
 async def _prefix_caching(ctx: RunContext) -> None:
     step = next((s for s in ctx.steps if s.step == "prefix_caching"), None)
     if step is not None:
+        state = MOOT if step.outcome == pb.LADDER_OUTCOME_NOT_APPLICABLE else HOLDS
         await ctx.check(
-            pb.CHECKLIST_ID_PREFIX_CACHING_ISOLATED, HOLDS, f"{to_id(pb.LadderOutcome, step.outcome)}: {step.detail}"
+            pb.CHECKLIST_ID_PREFIX_CACHING_ISOLATED, state, f"{to_id(pb.LadderOutcome, step.outcome)}: {step.detail}"
         )
-    elif ctx.attempts and ctx.stable is None:
-        await ctx.check(pb.CHECKLIST_ID_PREFIX_CACHING_ISOLATED, HOLDS, ISOLATED_BY_MINIMAL)
+    elif ctx.attempts and ctx.stable is None:  # the step was never carried out: nothing was isolated
+        await ctx.check(pb.CHECKLIST_ID_PREFIX_CACHING_ISOLATED, MOOT, ISOLATED_BY_MINIMAL)
 
 
 async def _oom(ctx: RunContext) -> None:
@@ -138,9 +147,11 @@ async def _oom(ctx: RunContext) -> None:
         names = ", ".join(ctx.holder_notes[p] for p in holders[:5])
         await ctx.check(pb.CHECKLIST_ID_OOM_NOT_SECONDARY, FAILS, f"GPU memory held by other processes: {names}")
     elif failures or ctx.steps:
-        ooms = [a for a in failures if a.category == "oom"]
-        evidence = "the OOM is the first error and no other process held GPU memory" if ooms else "no OOM seen"
-        await ctx.check(pb.CHECKLIST_ID_OOM_NOT_SECONDARY, HOLDS, evidence)
+        if any(a.category == "oom" for a in failures):
+            evidence = "the OOM is the first error and no other process held GPU memory"
+            await ctx.check(pb.CHECKLIST_ID_OOM_NOT_SECONDARY, HOLDS, evidence)
+        else:
+            await ctx.check(pb.CHECKLIST_ID_OOM_NOT_SECONDARY, MOOT, "no OOM seen")
 
 
 async def _revertible(ctx: RunContext) -> None:
