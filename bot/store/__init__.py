@@ -42,7 +42,7 @@ from bot.store.rows import (
 from bot.store.runs import RunTables
 from bot.store.schema import MIGRATIONS
 from bot.store.slack import THREAD_REFS, SlackTables
-from runner.journal import keep_private
+from runner.journal import Retention, keep_private
 
 __all__ = [
     "ACTIVE",
@@ -61,6 +61,7 @@ __all__ = [
     "OutboxRow",
     "Posted",
     "Rerun",
+    "Retention",
     "Run",
     "RunNotFound",
     "Store",
@@ -74,7 +75,10 @@ T = TypeVar("T")
 
 
 class Store(RunTables, SlackTables, LogTables):
-    def __init__(self, path: Path) -> None:
+    """`retention`: the per-run log caps and how long finished runs are kept (pruned at open, then daily)."""
+
+    def __init__(self, path: Path, retention: Retention | None = None) -> None:
+        self.retention = retention or Retention()
         try:
             keep_private(path)  # the file 0600 (its -wal and -shm follow it) in a 0700 folder
             self.db = sqlite_utils.Database(path)
@@ -83,6 +87,7 @@ class Store(RunTables, SlackTables, LogTables):
             self.db.execute("PRAGMA foreign_keys=ON")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self._migrate()
+            self.prune()
         except OSError as exc:
             raise StoreUnavailable(f"the run store {path} cannot be used: {exc.strerror}") from None
         except sqlite3.Error as exc:
@@ -107,9 +112,9 @@ class Store(RunTables, SlackTables, LogTables):
 class AsyncStore:
     """The store behind a single thread: `await store.call(Store.method, args...)`."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, retention: Retention | None = None) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="k3repro-store")
-        self._store = self._executor.submit(Store, path).result()
+        self._store = self._executor.submit(Store, path, retention).result()
 
     async def call(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()

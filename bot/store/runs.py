@@ -3,20 +3,46 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from dataclasses import asdict
 from typing import Any
 
 from google.protobuf import json_format
 
 from bot.store.base import ActiveRunExists, RunNotFound, Tables, now, redacted
-from bot.store.rows import ACTIVE, CANCELLED, RUNNING, Rerun, Run
+from bot.store.rows import ACTIVE, CANCELLED, FINAL, RUNNING, Rerun, Run
 from protos import runner_pb2 as pb
+from runner.journal import DAY_S, CappedLog, LogBudget, Retention
 from runner.redact import redactor
 
 _ACTIVE_SQL = ", ".join(f"'{status}'" for status in ACTIVE)
+_FINAL_SQL = ", ".join(f"'{status}'" for status in FINAL)
+# Runs to forget (:cutoff): finished before it, with no event received since (an imported run counts from its
+# import), and their isolated reruns with them; an original goes only once all its reruns may go too.
+_OLD = (
+    f"status IN ({_FINAL_SQL}) AND finished_at < :cutoff"  # noqa: S608
+    " AND NOT EXISTS (SELECT 1 FROM run_events e WHERE e.run_id = r.id AND e.received_at >= :cutoff)"
+)
+_PRUNED = (
+    f"SELECT id FROM runs r WHERE rerun_of IS NULL AND {_OLD} AND NOT EXISTS"  # noqa: S608
+    f" (SELECT 1 FROM runs r2 WHERE r2.rerun_of = r.id AND NOT ({_OLD.replace('r.id', 'r2.id')}))"
+)
+_PRUNE_SQL = (
+    "CREATE TEMP TABLE IF NOT EXISTS pruned (id TEXT PRIMARY KEY)",
+    "DELETE FROM pruned",
+    f"INSERT INTO pruned SELECT id FROM ({_PRUNED}) UNION SELECT id FROM runs WHERE rerun_of IN ({_PRUNED})",  # noqa: S608
+    "DELETE FROM run_events WHERE run_id IN (SELECT id FROM pruned)",
+    "DELETE FROM log_budgets WHERE run_id IN (SELECT id FROM pruned)",
+    "DELETE FROM slack_outbox WHERE run_id IN (SELECT id FROM pruned)",
+    "DELETE FROM slack_threads WHERE run_id IN (SELECT id FROM pruned)",
+    "DELETE FROM reruns WHERE run_id IN (SELECT id FROM pruned) OR original_id IN (SELECT id FROM pruned)",
+    "DELETE FROM runs WHERE id IN (SELECT id FROM pruned) AND rerun_of IS NOT NULL",
+    "DELETE FROM runs WHERE id IN (SELECT id FROM pruned)",
+)
 
 
-class RunTables(Tables):
+class RunTables(CappedLog, Tables):
+    _pruned_at = 0.0
     # --- runs ---
 
     def create_run(
@@ -61,7 +87,9 @@ class RunTables(Tables):
 
     def get_run(self, run_id: str) -> Run:
         """A run by id or by a unique prefix of its id."""
-        rows = list(self.db.table("runs").rows_where("id = ? OR id LIKE ?", [run_id, f"{run_id}%"], limit=2))
+        # a prefix by substr, not LIKE: '%' and '_' in what was typed are characters, never wildcards
+        where = "id = ? OR substr(id, 1, ?) = ?"
+        rows = list(self.db.table("runs").rows_where(where, [run_id, len(run_id), run_id], limit=2))
         exact = [row for row in rows if row["id"] == run_id]
         if exact:
             return Run(**exact[0])
@@ -140,13 +168,67 @@ class RunTables(Tables):
     # --- events ---
 
     def add_event(self, event: pb.RunEvent) -> bool:
-        """Stores an event once; False when (run_id, seq) was already stored (a replayed event)."""
+        """Stores an event once; False when (run_id, seq) was already stored (a replayed event). A log chunk
+        counts against its run's log caps (CappedLog): it may be kept emptied, its seq still taken."""
         try:
             with self.db.conn:
-                self.db.table("run_events").insert(_event_row(event))
+                tail, budget = self._admit(event)
+                self.db.table("run_events").insert({**_event_row(event), "tail_bytes": tail})
+                if budget is not None:
+                    self._settle(event.run_id, budget)
         except sqlite3.IntegrityError:
             return False
+        if time.monotonic() - self._pruned_at >= DAY_S:
+            self.prune()
         return True
+
+    def use_retention(self, retention: Retention) -> int:
+        """The caps and retention of a config (`log_head_mib`, `log_tail_mib`, `retention_days`), pruning at once."""
+        self.retention = retention
+        return self.prune()
+
+    def prune(self) -> int:
+        """Forgets the runs that finished more than `retention_days` ago: their events, log budgets, Slack
+        outbox rows and threads, rerun links (a run and its isolated reruns go together). Done when the store
+        opens and at most daily after. Returns how many runs went."""
+        self._pruned_at = time.monotonic()
+        cutoff = self.retention.cutoff()
+        if cutoff is None or not self.db.table("log_budgets").exists():  # (a store held at an older migration)
+            return 0
+        with self.db.conn:
+            for sql in _PRUNE_SQL:
+                self.db.execute(sql, {"cutoff": cutoff})
+            return int(self.db.execute("SELECT COUNT(*) FROM pruned").fetchone()[0])
+
+    # --- CappedLog's storage ---
+
+    def _load_budget(self, run_id: str) -> LogBudget:
+        rows = list(self.db.table("log_budgets").rows_where("run_id = ?", [run_id]))
+        if not rows:
+            return LogBudget()
+        row = rows[0]
+        del row["run_id"]
+        return LogBudget(**{**row, "head_closed": bool(row["head_closed"])})
+
+    def _save_budget(self, run_id: str, budget: LogBudget) -> None:
+        row = {**asdict(budget), "run_id": run_id, "head_closed": int(budget.head_closed)}
+        self.db.table("log_budgets").insert(row, replace=True)
+
+    def _oldest_tail(self, run_id: str) -> pb.RunEvent | None:
+        sql = "SELECT payload_json FROM run_events WHERE run_id = ? AND tail_bytes > 0 ORDER BY seq LIMIT 1"
+        row = self.db.execute(sql, [run_id]).fetchone()
+        return None if row is None else json_format.Parse(row[0], pb.RunEvent())
+
+    def _replace(self, event: pb.RunEvent) -> None:
+        self.db.execute(
+            "UPDATE run_events SET payload_json = ?, tail_bytes = 0 WHERE run_id = ? AND seq = ?",
+            [json_format.MessageToJson(event, indent=None), event.run_id, event.seq],
+        )
+
+    def _event_at(self, run_id: str, seq: int) -> pb.RunEvent | None:
+        sql = "SELECT payload_json FROM run_events WHERE run_id = ? AND seq = ?"
+        row = self.db.execute(sql, [run_id, seq]).fetchone()
+        return None if row is None else json_format.Parse(row[0], pb.RunEvent())
 
     def last_seq(self, run_id: str) -> int:
         row = self.db.execute("SELECT MAX(seq) FROM run_events WHERE run_id = ?", [run_id]).fetchone()

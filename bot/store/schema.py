@@ -126,6 +126,25 @@ def _m6_one_running_run_per_cluster(db: sqlite_utils.Database) -> None:
     )
 
 
+def _m7_log_budgets(db: sqlite_utils.Database) -> None:
+    """Per-run caps on log lines kept (runner/journal.py CappedLog): a log chunk's bytes still counted in its
+    run's rolling tail (0: in the head, dropped, or not a log chunk), and each run's budget."""
+    db.table("run_events").add_column("tail_bytes", int, not_null_default=0)
+    db.table("log_budgets").create(
+        {
+            "run_id": str,
+            "head": int,
+            "head_closed": int,
+            "tail": int,
+            "dropped_lines": int,
+            "dropped_bytes": int,
+            "marker_seq": int,
+        },
+        pk="run_id",
+        defaults={"head": 0, "head_closed": 0, "tail": 0, "dropped_lines": 0, "dropped_bytes": 0, "marker_seq": 0},
+    )
+
+
 # Append only: a migration's position is its number, recorded in _migrations.
 MIGRATIONS: tuple[tuple[str, Callable[[sqlite_utils.Database], None]], ...] = (
     ("initial", _m1_initial),
@@ -134,4 +153,5 @@ MIGRATIONS: tuple[tuple[str, Callable[[sqlite_utils.Database], None]], ...] = (
     ("reruns", _m4_reruns),
     ("rerun_handles", _m5_rerun_handles),
     ("one_running_run_per_cluster", _m6_one_running_run_per_cluster),
+    ("log_budgets", _m7_log_budgets),
 )

@@ -1,0 +1,127 @@
+"""Issue 28 finding 9: what one run may keep (log caps, retention), run-id look-up, Slack status/runs scope,
+deep JSON. Each hostile input is refused or bounded, never a traceback or an unbounded file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bot.store import Store
+from protos import runner_pb2 as pb
+from runner.journal import Journal, Retention, log_bytes
+
+LINE = "x" * 99  # 100 bytes a line with its newline
+SMALL = Retention(log_head_bytes=1000, log_tail_bytes=1000)
+
+
+def _chunk(run_id: str, seq: int, lines: int = 5, source: str = "minimal_launch/stdout") -> pb.RunEvent:
+    return pb.RunEvent(run_id=run_id, seq=seq, log_chunk=pb.LogChunk(source=source, lines=[LINE] * lines))
+
+
+def _other(run_id: str, seq: int) -> pb.RunEvent:
+    return pb.RunEvent(run_id=run_id, seq=seq, stage_started=pb.StageStarted(stage=pb.STAGE_FREEZE))
+
+
+def _kept(events: list[pb.RunEvent]) -> tuple[int, list[str]]:
+    """The log bytes kept (notes aside) and the notes."""
+    notes = [line for e in events if e.HasField("log_chunk") for line in e.log_chunk.lines if line.startswith("[k3")]
+    kept = sum(log_bytes(e.log_chunk) for e in events if e.HasField("log_chunk")) - sum(len(n) + 1 for n in notes)
+    return kept, notes
+
+
+def _chatty(append: object, run_id: str, chunks: int = 40) -> None:
+    """chunk 1 and every 7th are other events; the rest 500-byte log chunks."""
+    for seq in range(1, chunks + 1):
+        append(_other(run_id, seq) if seq % 7 == 1 else _chunk(run_id, seq))  # type: ignore[operator]
+
+
+def _check_capped(events: list[pb.RunEvent], chunks: int = 40) -> None:
+    assert [e.seq for e in events] == list(range(1, chunks + 1))  # contiguous: every seq still there
+    assert sum(1 for e in events if e.HasField("stage_started")) == len(range(1, chunks + 1, 7))  # never dropped
+    logs = [e for e in events if e.HasField("log_chunk")]
+    kept, notes = _kept(events)
+    assert kept <= SMALL.log_head_bytes + SMALL.log_tail_bytes
+    assert kept == 2000  # the first two and last two chunks
+    assert [len(e.log_chunk.lines) for e in logs[:2]] == [5, 5] and [len(e.log_chunk.lines) for e in logs[-2:]] == [
+        5,
+        5,
+    ]
+    dropped = len(logs) - 4
+    assert notes == [
+        f"[k3repro] {dropped * 5} log lines ({dropped * 500} bytes) dropped here: a run keeps the first 1000 bytes"
+        " and the last 1000 bytes of its log"
+    ]
+    gap = logs[2:-2]
+    assert all(len(e.log_chunk.lines) == 0 for e in gap[:-1]) and gap[-1].log_chunk.lines == notes
+    assert all(e.log_chunk.source == "minimal_launch/stdout" for e in logs)
+
+
+def test_the_journal_keeps_a_head_and_a_rolling_tail_of_log_and_every_seq(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal.sqlite", SMALL)
+    journal.add_run(pb.StartRunRequest(run_id="r1"))
+    _chatty(journal.append, "r1")
+    _check_capped(list(journal.events("r1", 0)))
+    assert journal.last_seq("r1") == 40
+    assert [e.seq for e in journal.events("r1", 30)] == list(range(31, 41))  # resume from a seq
+
+
+def test_the_store_keeps_a_head_and_a_rolling_tail_of_log_and_every_seq(tmp_path: Path) -> None:
+    store = Store(tmp_path / "k3.db", SMALL)
+    store.create_run("r1", "a")
+    _chatty(store.add_event, "r1")
+    assert store.add_event(_chunk("r1", 20)) is False  # a replayed seq is still refused once
+    _check_capped(store.events("r1"))
+    assert store.last_seq("r1") == 40
+    reopened = Store(tmp_path / "k3.db", SMALL)  # the budget survives a restart
+    reopened.add_event(_chunk("r1", 41))
+    kept, notes = _kept(reopened.events("r1"))
+    assert kept == 2000 and notes[0].startswith("[k3repro] 155 log lines (15500 bytes)")
+
+
+def test_the_journal_forgets_runs_finished_before_retention_days(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite"
+    journal = Journal(path)
+    for run_id in ("old", "recent", "going"):
+        journal.add_run(pb.StartRunRequest(run_id=run_id))
+        journal.append(_chunk(run_id, 1))
+    for run_id in ("old", "recent"):
+        journal.append(pb.RunEvent(run_id=run_id, seq=2, run_finished=pb.RunFinished()))
+    journal._db.execute("UPDATE runs SET finished_at = '2020-01-01T00:00:00.000+00:00' WHERE run_id = 'old'")
+    journal._db.execute("UPDATE runs SET started_at = '2020-01-01T00:00:00.000+00:00' WHERE run_id = 'going'")
+    journal.close()
+    reopened = Journal(path)  # pruned at open
+    assert reopened.request("old") is None and list(reopened.events("old", 0)) == []
+    assert reopened.last_seq("recent") == 2 and reopened.last_seq("going") == 1  # a run going on is kept
+    assert Journal(path, Retention(retention_days=0)).prune() == 0  # 0: kept for ever
+
+
+def test_the_store_forgets_runs_finished_before_retention_days_with_their_slack_rows(tmp_path: Path) -> None:
+    path = tmp_path / "k3.db"
+    store = Store(path)
+    store.create_run("old", "a")
+    store.create_run("new", "b")
+    store.create_run("going", "c")
+    for run_id in ("old", "new", "going"):
+        store.add_event(_chunk(run_id, 1))
+        store.create_thread(run_id, "C1", "team")
+        store.put_write(f"k-{run_id}", "C1", run_id, "chat.postMessage", "{}", coalesce=False)
+    store.finish_run("old", "completed")
+    store.finish_run("new", "completed")
+    original = store.get_run("old")
+    store.create_rerun(
+        "old-rerun", original, runner="r", requested_by="u", image="i", request_json="{}",
+        provider="static", placement="p", handle="", bundle_sha256="",
+    )  # fmt: skip
+    store.finish_run("old-rerun", "completed")
+    long_ago = "2020-01-01T00:00:00.000+00:00"
+    store.db.execute(
+        "UPDATE runs SET finished_at = ?, created_at = ? WHERE id IN ('old', 'old-rerun')", [long_ago, long_ago]
+    )
+    store.db.execute("UPDATE run_events SET received_at = ? WHERE run_id IN ('old', 'going')", [long_ago])
+    store.db.conn.commit()
+    store.close()
+    again = Store(path)  # pruned at open
+    assert {run.id for run in again.runs()} == {"new", "going"}
+    for table in ("run_events", "slack_threads", "slack_outbox", "log_budgets", "reruns"):
+        ids = {row["run_id"] for row in again.db.table(table).rows}
+        assert not ids & {"old", "old-rerun"}, table
+    assert again.thread("new") is not None and again.last_seq("going") == 1
