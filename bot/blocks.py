@@ -190,7 +190,7 @@ def card(view: RunRecord) -> Message:
             "block_id": "facts",
             "fields": [{"type": "mrkdwn", "text": f"*{name}*\n{clip(value, 1900)}"} for name, value in fields],
         },
-        context(clip(doing or escaped(view.problem) or "details in the thread", 2000)),
+        context(clip(_verdict_line(view) or doing or escaped(view.problem) or "details in the thread", 2000)),
     ]
     buttons: list[Block] = [
         {"type": "button", "action_id": ACTION_RERUN, "text": _plain("Rerun on isolated node"), "value": view.run_id}
@@ -217,6 +217,14 @@ def card(view: RunRecord) -> Message:
         )
     blocks.append({"type": "actions", "block_id": "run_actions", "elements": buttons})
     return fit(f"{mark} k3repro {kind} {escaped(view.run_id)} on {escaped(view.cluster)}: {state}", blocks)
+
+
+def _verdict_line(view: RunRecord) -> str:
+    """The verdict's one line, first thing in the card once the run has one."""
+    finished = view.finished
+    if finished is None or not finished.headline:
+        return ""
+    return f"{DECISION_MARK.get(finished.decision, '•')} *{escaped(finished.decision)}* — {escaped(finished.headline)}"
 
 
 MAX_CONFIRM_TEXT = 300  # Slack's limit on a confirmation dialog's text
@@ -277,14 +285,21 @@ def stage_result(view: RunRecord, finished: StageResult) -> Message:
         blocks += first_error_blocks(error)
     if stage == "single_request" and view.requests:
         blocks.append(section(code([line for r in view.requests for line in request_lines(r)])))
-    mark = STAGE_MARK.get(finished.status, "•")
+    mark = _stage_mark(finished)
     return fit(escaped(f"{mark} {stage}: {clip(finished.summary, 300)}"), blocks)
+
+
+def _stage_mark(finished: StageResult) -> str:
+    """A check mark means good: the verdict stage shows its decision's mark, not the stage's having run."""
+    if finished.stage == "verdict" and finished.status == "ok":
+        return DECISION_MARK.get(finished.summary.split(":", 1)[0], "•")
+    return STAGE_MARK.get(finished.status, "•")
 
 
 def stage_head(finished: StageResult) -> Block:
     stage = finished.stage or "run"
     summary = escaped(clip(finished.summary, 2800))
-    return section(f"{STAGE_MARK.get(finished.status, '•')} *{escaped(stage)}* — {summary}", "result")
+    return section(f"{_stage_mark(finished)} *{escaped(stage)}* — {summary}", "result")
 
 
 def first_error_blocks(error: FirstError) -> list[Block]:
@@ -368,6 +383,8 @@ def verdict_blocks(run_id: str, cluster: str, finished: Finished, minimal: str =
     mark = DECISION_MARK.get(decision) or RUN_MARK.get(status, "•")
     where = f" on *{escaped(cluster)}*" if cluster else ""
     blocks = [section(f"{mark} {title} · run `{escaped(run_id)}`{where}", "verdict")]
+    if finished.headline:
+        blocks.append(section(f"*{escaped(finished.headline)}*", "verdict_line"))
     if finished.summary:
         blocks.append(section(escaped_but_mentions(finished.summary)))
     reasons = [reason for reason in finished.reasons if reason != finished.summary]

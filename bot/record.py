@@ -82,6 +82,7 @@ class Finished:
     reasons: tuple[str, ...]
     summary: str
     launches: int
+    headline: str = ""  # the verdict as one line: cause, evidence, next action
 
 
 Fact = (
@@ -139,7 +140,12 @@ def fact_of(event: pb.RunEvent, stage: str = "") -> Fact | None:
     if kind == "run_finished":
         f = event.run_finished
         return Finished(
-            to_id(pb.RunStatus, f.status), to_id(pb.Decision, f.decision), tuple(f.reasons), f.summary, f.launches
+            to_id(pb.RunStatus, f.status),
+            to_id(pb.Decision, f.decision),
+            tuple(f.reasons),
+            f.summary,
+            f.launches,
+            f.headline,
         )
     if kind == "launch_started":
         return event.launch_started

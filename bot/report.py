@@ -11,9 +11,19 @@ from protos.vocab import CHECKLIST_IDS
 
 
 def run_report(run_id: str, events: list[pb.RunEvent]) -> dict[str, Any]:
-    """`{"run_id", "decision", "checklist", "first_error", "ladder", "trigger_step", "candidates", "launches",
-    "launch_list", "minimal_failing_command"}`."""
+    """`{"run_id", "decision", "verdict_line", "reasons", "baseline", "checklist", "first_error", "ladder",
+    "trigger_step", "candidates", "launches", "launch_list", "minimal_failing_command"}` (docs/report.md)."""
     return report(RunRecord.replay(run_id, events))
+
+
+def _baseline(record: RunRecord) -> dict[str, Any] | None:
+    """The baseline's verdict and each rule's status (the full evaluation is in the bundle)."""
+    text = record.artifacts.get("baseline")
+    if not text:
+        return None
+    evaluated = json.loads(text)
+    rules = {rule["id"]: rule["status"] for rule in evaluated.get("rules", [])}
+    return {"profile": evaluated.get("baseline"), "verdict": evaluated.get("verdict"), "rules": rules}
 
 
 def report(record: RunRecord) -> dict[str, Any]:
@@ -24,6 +34,10 @@ def report(record: RunRecord) -> dict[str, Any]:
     return {
         "run_id": record.run_id,
         "decision": record.decision or None,
+        # the verdict as one line (cause, evidence, next action), then the decision's reasons
+        "verdict_line": record.finished.headline or None if record.finished is not None else None,
+        "reasons": list(record.finished.reasons) if record.finished is not None else [],
+        "baseline": _baseline(record),
         # each item: holds / fails / pending (no evidence) / not_applicable, and the evidence for it
         "checklist": {item: checks.get(item, no_evidence) for item in CHECKLIST_IDS},
         "first_error": None

@@ -444,18 +444,20 @@ class Heartbeat(_message.Message):
     def __init__(self, last_seq: _Optional[int] = ..., stage: _Optional[_Union[Stage, str]] = ...) -> None: ...
 
 class RunFinished(_message.Message):
-    __slots__ = ("status", "decision", "reasons", "summary", "launches")
+    __slots__ = ("status", "decision", "reasons", "summary", "launches", "headline")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     REASONS_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     LAUNCHES_FIELD_NUMBER: _ClassVar[int]
+    HEADLINE_FIELD_NUMBER: _ClassVar[int]
     status: RunStatus
     decision: Decision
     reasons: _containers.RepeatedScalarFieldContainer[str]
     summary: str
     launches: int
-    def __init__(self, status: _Optional[_Union[RunStatus, str]] = ..., decision: _Optional[_Union[Decision, str]] = ..., reasons: _Optional[_Iterable[str]] = ..., summary: _Optional[str] = ..., launches: _Optional[int] = ...) -> None: ...
+    headline: str
+    def __init__(self, status: _Optional[_Union[RunStatus, str]] = ..., decision: _Optional[_Union[Decision, str]] = ..., reasons: _Optional[_Iterable[str]] = ..., summary: _Optional[str] = ..., launches: _Optional[int] = ..., headline: _Optional[str] = ...) -> None: ...
 
 class RunEvent(_message.Message):
     __slots__ = ("run_id", "seq", "at", "stage_started", "stage_finished", "phase_reached", "first_error", "checklist_item", "ladder_step", "log_chunk", "request_result", "artifact", "heartbeat", "run_finished", "launch_started")

@@ -39,7 +39,11 @@ async def execute(ctx: RunContext, cancel_reason: Callable[[], str]) -> pb.RunFi
         if not minimizing:
             await _run_stage(ctx, pb.STAGE_VERDICT, verdict.run)
         finished = pb.RunFinished(
-            status=pb.RUN_STATUS_COMPLETED, decision=ctx.decision, reasons=ctx.reasons, summary=summary
+            status=pb.RUN_STATUS_COMPLETED,
+            decision=ctx.decision,
+            reasons=ctx.reasons,
+            summary=summary,
+            headline=ctx.headline,
         )
     except asyncio.CancelledError:
         reason = cancel_reason()
@@ -70,6 +74,7 @@ async def _stages(ctx: RunContext, stages: tuple[tuple[pb.Stage, StageFn], ...])
         result = await _run_stage(ctx, stage, run_stage)
         if result.status != pb.STAGE_STATUS_OK:
             stopped_at, stopped_stage = result, stage
+            ctx.stopped_at = (to_id(pb.Stage, stage), result.summary)
     if stopped_at is None:
         return "every stage succeeded"
     return f"{to_id(pb.Stage, stopped_stage)}: {stopped_at.summary}"

@@ -106,9 +106,11 @@ def test_demo_json_is_the_run_report() -> None:
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert set(report) == {
-        "run_id", "decision", "checklist", "first_error", "ladder", "trigger_step", "candidates", "launches",
-        "launch_list", "minimal_failing_command",
+        "run_id", "decision", "verdict_line", "reasons", "baseline", "checklist", "first_error", "ladder",
+        "trigger_step", "candidates", "launches", "launch_list", "minimal_failing_command",
     }  # fmt: skip
+    assert report["verdict_line"].startswith("the minimal launch fails in gpu_detect [nccl_comm]: RuntimeError: NCCL")
+    assert "Next: " in report["verdict_line"] and report["baseline"]["verdict"] in ("pass", "warn")
     assert [launch["source"] for launch in report["launch_list"]] == ["minimal_launch", "minimal_launch/attempt-2"]
     assert report["minimal_failing_command"] is None  # not a minimize run
     assert report["decision"] == "continue"

@@ -108,6 +108,31 @@ async def test_shipped_scenario_reaches_its_verdict(tmp_path: Path, name: str) -
     assert report["candidates"] == []
 
 
+@pytest.mark.parametrize(
+    ("name", "cause", "action"),
+    [
+        ("prefix-cache-crash", "--enable-prefix-caching makes the engine fail in request", "serve without"),
+        ("cudagraph-capture", "CUDA graph capture is the trigger", "serve with --enforce-eager"),
+        ("leftover-process", "the OOM is secondary", "free the GPUs first (pid 4242"),
+        ("old-driver", "the baseline blocks this scene", "fix the scene first"),
+        ("flaky-phases", "the environment is unstable", "rerun the frozen case on an isolated node"),
+        ("healthy", "did not reproduce: every ladder step held, the deployment as written included", "--log"),
+        ("demo", "the minimal launch fails in gpu_detect [nccl_comm]", "to reach fix, settle revertible_baseline"),
+    ],
+)
+async def test_the_verdict_is_one_line_with_its_cause_evidence_and_next_action(
+    tmp_path: Path, name: str, cause: str, action: str
+) -> None:
+    report, printed = await _shipped(name, tmp_path)
+    line = report["verdict_line"]
+    said, _, next_actions = line.partition(". Next: ")
+    assert cause in said and action in next_actions, line
+    assert "`" not in line and "<" not in line  # plain text: each front-end formats it
+    verdict = next(text for text in printed.split("\n") if "Verdict:" in text)
+    following = printed.split(verdict, 1)[1].split("\n")[1]
+    assert following.strip() == line  # first under the verdict's title
+
+
 async def test_the_demo_launches_the_scenarios_deployment(tmp_path: Path) -> None:
     report, printed = await _shipped("concurrency-oom", tmp_path)
     # only concurrency-oom's deployment has concurrency flags: the step relaunches to restore them

@@ -79,6 +79,9 @@ class RunContext:
     ladder_proxies: bool = False  # ladder relaunches may use the ladder's proxies (a real launch answered)
     decision: pb.Decision = pb.DECISION_UNSPECIFIED  # set by verdict
     reasons: list[str] = field(default_factory=list)
+    headline: str = ""  # the verdict as one line: cause, evidence, next action (stages/verdict_line.py)
+    diagnosis: str = ""  # the --enforce-eager diagnostic's answer, when the minimal launch ran it
+    stopped_at: tuple[str, str] | None = None  # the stage that did not succeed, and its summary
 
     @property
     def clock(self) -> Clock:

@@ -55,5 +55,6 @@ async def _without_cuda_graphs(ctx: RunContext, error: ErrorFinding) -> str:
         else f"with --enforce-eager it still fails ({eager.summary}): CUDA graphs are not the only cause"
     )
     await ctx.artifact("enforce_eager_diagnostic", f"{verdict} — {eager.line}")
+    ctx.diagnosis = verdict
     await release(ctx)
     return verdict

@@ -8,6 +8,7 @@ from protos import runner_pb2 as pb
 from protos.vocab import CHECKLIST_IDS, from_id, to_id
 from runner.stages.context import RunContext, StageResult
 from runner.stages.launcher import shell_line
+from runner.stages.verdict_line import headline
 
 HOLDS, FAILS, PENDING = pb.CHECKLIST_STATE_HOLDS, pb.CHECKLIST_STATE_FAILS, pb.CHECKLIST_STATE_PENDING
 MOOT = pb.CHECKLIST_STATE_NOT_APPLICABLE  # the item's step had nothing to settle: it neither holds nor blocks fix
@@ -25,7 +26,8 @@ async def run(ctx: RunContext) -> StageResult:
     ctx.decision, ctx.reasons = decide(ctx)
     if compared := against_deployment(ctx):
         ctx.reasons.append(compared)
-    return StageResult(pb.STAGE_STATUS_OK, f"{to_id(pb.Decision, ctx.decision)}: {ctx.reasons[0]}")
+    ctx.headline = headline(ctx)
+    return StageResult(pb.STAGE_STATUS_OK, f"{to_id(pb.Decision, ctx.decision)}: {ctx.headline}")
 
 
 def decide(ctx: RunContext) -> tuple[pb.Decision, list[str]]:
