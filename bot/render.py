@@ -7,6 +7,7 @@ reaches the screen.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC
 
 from bot.blocks import EventBlocks, text_lines
@@ -15,6 +16,8 @@ from protos import runner_pb2 as pb
 from runner.redact import printable, redactor
 
 INDENT = " " * 11
+PLACEHOLDER = "k3repro show RUN "  # what the blocks say of a long artifact; the terminal knows the run's id
+_MENTION = re.compile(r"<@([UW][A-Z0-9-]{1,20})>")  # the user ids bot/blocks.py keeps as mentions
 
 
 class TextRenderer:
@@ -28,6 +31,7 @@ class TextRenderer:
         if not body:
             return []
         stamp = event.at.ToDatetime(tzinfo=UTC).strftime("%H:%M:%S")
+        body = [line.replace(PLACEHOLDER, f"k3repro show {event.run_id} ") for line in body]  # the command to type
         return [terminal(f"[{stamp}] {body[0]}"), *(terminal(f"{INDENT}{line}") for line in body[1:])]
 
 
@@ -36,6 +40,12 @@ def run_header(run: Run) -> str:
         f"run {run.id} · cluster {run.cluster} · runner {run.runner} · image {run.image} · "
         f"{run.status}" + (f" · decision {run.decision}" if run.decision else "")
     )
+
+
+def unmentioned(text: str) -> str:
+    """A run's stored text as the terminal shows it: a Slack user mention the bot wrote (who cancelled, in a
+    verdict's reason) as `@U1`, not `<@U1>` markup."""
+    return _MENTION.sub(r"@\1", text)
 
 
 def terminal(text: str) -> str:

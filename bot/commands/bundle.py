@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from bot.bundle import BundleError, export_bundle, import_bundle, read_bundle
-from bot.commands.common import CommandError, load_config
+from bot.commands.common import CommandError, load_config, said
 from bot.render import terminal
 from bot.store import RunNotFound, Store
 
@@ -28,7 +28,7 @@ def run_export(args: argparse.Namespace) -> int:
     try:
         bundle = export_bundle(store, args.run)
     except (BundleError, RunNotFound) as exc:
-        raise CommandError(str(exc).strip("'\"")) from None
+        raise CommandError(said(exc)) from None
     finally:
         store.close()
     if args.output.exists():

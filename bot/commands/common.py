@@ -21,6 +21,11 @@ class CommandError(Exception):
     """Printed as `k3repro: <message>` with exit code 2; nothing was changed."""
 
 
+def said(exc: BaseException) -> str:
+    """An error's own message: a KeyError's str() quotes it, and stripping quotes off ate the message's own."""
+    return str(exc.args[0]) if len(exc.args) == 1 else str(exc)
+
+
 def load_config(path: Path | None) -> BotConfig:
     return load_bot_config(config_path(path))
 

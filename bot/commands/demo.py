@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import io
 import json
 import shlex
+import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO
@@ -60,14 +63,28 @@ def run(args: argparse.Namespace) -> int:
         scenario = scenario_path(args.scenario)
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
-    with tempfile.TemporaryDirectory(prefix="k3repro-demo-") as tmp:
+    with _workdir() as tmp:
         out = io.StringIO() if args.json else sys.stdout
         report = asyncio.run(
-            demo(Path(tmp), scenario, args.speed, args.logs, out, launch=args.launch, minimize=args.minimize)
+            demo(tmp, scenario, args.speed, args.logs, out, launch=args.launch, minimize=args.minimize)
         )
     if args.json:
         print(json.dumps(report, indent=2))
     return 0
+
+
+@contextlib.contextmanager
+def _workdir() -> Iterator[Path]:
+    """The demo's temporary folder (its store, certificates, private keys), removed when the demo ends; and a
+    guard process for a demo that is killed (SIGKILL runs no `finally`): it waits for this process's end (its
+    standard input closes, however this process ends), then kills the engines of the demo's runs and removes the
+    folder. The guard has its own session: a Ctrl-C in the terminal is the demo's to handle."""
+    with tempfile.TemporaryDirectory(prefix="k3repro-demo-") as tmp:
+        code = "import sys; from bot.commands.demo_guard import guard; guard(sys.argv[1])"
+        guard = subprocess.Popen([sys.executable, "-c", code, tmp], stdin=subprocess.PIPE, start_new_session=True)
+        yield Path(tmp)
+    assert guard.stdin is not None
+    guard.stdin.close()  # the demo cleaned up after itself: the guard finds nothing left
 
 
 def data_file() -> dict[str, Any]:

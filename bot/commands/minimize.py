@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from bot.commands.common import CommandError, EventPrinter, coordinator, load_config, operator
+from bot.commands.common import CommandError, EventPrinter, coordinator, load_config, operator, said
+from bot.commands.start import Progress, interrupted
 from bot.consumer import RunLost, RunRefused
 from bot.minimize import start_minimize
 from bot.record import RunRecord, StageResult
@@ -25,21 +26,24 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    where = Progress()
     try:
-        return asyncio.run(_minimize(args))
+        return asyncio.run(_minimize(args, where))
     except KeyboardInterrupt:
-        print("\ndetached; the minimize run goes on on its runner (k3repro watch RUN / k3repro cancel RUN)")
+        print(f"\n{interrupted(where)}")
         return 130
 
 
-async def _minimize(args: argparse.Namespace) -> int:
+async def _minimize(args: argparse.Namespace, where: Progress) -> int:
     config = load_config(args.config)
     printer = EventPrinter(logs=args.logs)
     async with coordinator(config) as core:
+        where.starting = True
         try:
             started = await start_minimize(core, args.run, operator())
         except (Refused, RunNotFound) as exc:
-            raise CommandError(str(exc).strip("'\"")) from None
+            raise CommandError(said(exc)) from None
+        where.run_id = started.run_id
         print(f"minimize run {started.run_id} of {args.run} · runner {started.runner}")
         print(f"launches: {command_line(started.request.launch_argv)}", flush=True)
         try:

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import json
 
-from bot.commands.common import CommandError, EventPrinter, coordinator, load_config, operator
+from bot.commands.common import CommandError, EventPrinter, coordinator, load_config, operator, said
 from bot.consumer import RunLost
 from bot.isolation import Placement
 from bot.refusal import Refused
@@ -46,7 +46,7 @@ async def _rerun(args: argparse.Namespace) -> int:
         try:
             outcome = await rerun_isolated(core, args.run, operator(), printer, on_started=started)
         except (Refused, RunLost, RunNotFound) as exc:
-            raise CommandError(str(exc).strip("'\"")) from None
+            raise CommandError(said(exc)) from None
     print()
     for line in verdict_lines(outcome):
         print(line)

@@ -4,19 +4,36 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
 
 from bot.commands.analyze import MAX_BYTES
-from bot.commands.common import CommandError, EventPrinter, coordinator, load_config, operator
+from bot.commands.common import CommandError, EventPrinter, coordinator, load_config, operator, said
 from bot.consumer import RunLost, RunRefused
+from bot.coordinator import Coordinator
 from bot.refusal import Refused
+from bot.slack.commands import SPECS as SLACK_COMMANDS
+from bot.store import RunNotFound, Store
 from protos import runner_pb2 as pb
 from runner.analyzer import InputError, analyze_path
 from runner.analyzer.messages import first_error_message
+
+# The terminal's help for each of Slack's `start` options (bot/slack/commands.py names them; a test keeps both)
+START_OPTIONS: dict[str, dict[str, str]] = {
+    "profile": {"metavar": "P", "help": "the compatibility baseline profile for this run (default: the cluster's)"},
+    "image": {
+        "metavar": "REF",
+        "help": "the image for this run (default: the cluster's; the runner's allowlist decides)",
+    },
+}
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     start = sub.add_parser("start", help="start a run on a cluster and follow it live")
     start.add_argument("cluster")
+    for option in SLACK_COMMANDS["start"].options:  # the options Slack's `/k3repro start` takes, the same names
+        start.add_argument(f"--{option}", default="", **START_OPTIONS[option])  # type: ignore[arg-type]
     start.add_argument("--logs", action="store_true", help="also print the engine's log as it arrives")
     start.add_argument(
         "--log",
@@ -31,30 +48,55 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run_start(args: argparse.Namespace) -> int:
-    return _detachable(_start(args))
+    try:  # the deployment's log is read before anything starts: an interrupt here leaves nothing behind
+        failed = _deployment_error(args.log) if args.log else None
+    except KeyboardInterrupt:
+        print("\ninterrupted: nothing started")
+        return 130
+    where = Progress()
+    return _detachable(_start(args, failed, where), where)
 
 
 def run_watch(args: argparse.Namespace) -> int:
-    return _detachable(_watch(args))
+    return _detachable(_watch(args), Progress(starting=True, run_id=args.run))
 
 
-def _detachable(work: object) -> int:
+@dataclass
+class Progress:
+    """How far a start got, for what an interrupt says: nothing yet, a start under way, or a run."""
+
+    starting: bool = False
+    run_id: str = ""
+
+
+def _detachable(work: Coroutine[Any, Any, int], where: Progress) -> int:
     try:
-        return asyncio.run(work)  # type: ignore[arg-type]
+        return asyncio.run(work)
     except KeyboardInterrupt:
-        print("\ndetached; the run goes on on its runner (k3repro watch RUN / k3repro cancel RUN)")
+        print(f"\n{interrupted(where)}")
         return 130
 
 
-async def _start(args: argparse.Namespace) -> int:
+def interrupted(where: Progress) -> str:
+    if where.run_id:
+        return f"detached: the run goes on as {where.run_id}; follow it with `k3repro watch {where.run_id}`"
+    if where.starting:  # the runner may have accepted it as the interrupt came
+        return "interrupted while the run was being started: `k3repro runs` shows whether it was"
+    return "interrupted: nothing started"
+
+
+async def _start(args: argparse.Namespace, failed: pb.FirstError | None, where: Progress) -> int:
     config = load_config(args.config)
-    failed = _deployment_error(args.log) if args.log else None
     printer = EventPrinter(logs=args.logs)
     async with coordinator(config) as core:
+        where.starting = True
         try:
-            started = await core.start(args.cluster, operator(), deployment_error=failed)
+            started = await core.start(
+                args.cluster, operator(), profile=args.profile, image=args.image, deployment_error=failed
+            )
         except Refused as exc:
             raise CommandError(str(exc)) from None
+        where.run_id = started.run_id
         print(f"run {started.run_id} · cluster {args.cluster} · runner {started.runner}", flush=True)
         try:
             finished = await core.follow(started, printer, printer.reconnecting)
@@ -68,10 +110,29 @@ async def _watch(args: argparse.Namespace) -> int:
     printer = EventPrinter(logs=args.logs)
     async with coordinator(config) as core:
         try:
-            finished = await core.resume(args.run, printer, printer.reconnecting)
+            run = await core.store.call(Store.get_run, args.run)
+        except RunNotFound as exc:
+            raise CommandError(said(exc)) from None
+        if ended := await _ended(core, run.id, printer):  # nothing left to follow: its result, as it ended
+            return 0 if ended.status == pb.RUN_STATUS_COMPLETED else 1
+        try:
+            finished = await core.resume(run.id, printer, printer.reconnecting)
         except (RunRefused, RunLost, LookupError) as exc:
-            raise CommandError(str(exc).strip("'\"")) from None
+            raise CommandError(said(exc)) from None
     return 0 if finished.status == pb.RUN_STATUS_COMPLETED else 1
+
+
+async def _ended(core: Coordinator, run_id: str, printer: EventPrinter) -> pb.RunFinished | None:
+    """A run whose end the store holds: the lines a live watch ends with (its run_finished event's), printed;
+    None for a run still going."""
+    events = await core.store.call(Store.events, run_id)
+    if not events or not events[-1].HasField("run_finished"):
+        return None
+    for event in events[:-1]:  # the renderer reads the whole run, as a live watch's did
+        printer.renderer.lines(event)
+    print(f"run {run_id} has ended; its result:", file=printer.out)
+    await printer(events[-1])
+    return events[-1].run_finished
 
 
 def _deployment_error(path: str) -> pb.FirstError:
