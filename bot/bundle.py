@@ -26,7 +26,7 @@ import re
 import sqlite3
 import tarfile
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from hashlib import sha256
 from importlib.metadata import version
@@ -60,6 +60,10 @@ TIMELINE = "timeline.png"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DECISIONS = ("fix", "isolate", "continue")
 APIS = ("chat", "completions")
+MAX_JSON_DEPTH = 64  # nesting of any JSON the bot reads from outside (a bundle's members, a Slack payload)
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
+_ONE_KIND = bytes.maketrans(b"{}", b"[]")
 IMPORTED = "bundle:"  # an imported run's `runner`: `bundle:` and its sha256's first 12 hex digits
 
 
@@ -78,7 +82,7 @@ class Bundle:
         return sha256(_canonical(self.manifest)).hexdigest()
 
     def json(self, name: str) -> Any:
-        return json.loads(self.members[name])
+        return bounded_json(self.members[name])
 
     @property
     def run(self) -> dict[str, Any]:
@@ -97,7 +101,7 @@ class Bundle:
 
     def events(self) -> list[pb.RunEvent]:
         text = self.members["events.jsonl"].decode()
-        return [json_format.Parse(line, pb.RunEvent()) for line in text.splitlines() if line]
+        return [json_format.Parse(_shallow(line), pb.RunEvent()) for line in text.splitlines() if line]
 
     def request_body(self) -> str | None:
         """The fixed request's body, or None when the bundle keeps only its sha256."""
@@ -115,9 +119,51 @@ class Bundle:
         return raw.getvalue()
 
 
-def export_bundle(store: Store, run_id: str) -> Bundle:
-    """The bundle of a finished run from the store, every member redacted."""
+def too_deep(data: bytes | str, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether JSON text nests its arrays and objects deeper than `limit`, found without parsing it, so a
+    hostile document costs a few passes in C and no recursion. Its brackets are counted with the ones inside
+    strings first (an upper bound, enough for most documents); only when that is over the limit are the
+    strings taken out and they are counted again."""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    if _bracket_depth(_NOT_BRACKET.sub(b"", raw), limit) <= limit:
+        return False
+    return _bracket_depth(_NOT_BRACKET.sub(b"", _JSON_STRING.sub(b"", raw)), limit) > limit
+
+
+def _bracket_depth(brackets: bytes, limit: int) -> int:
+    """The nesting of a string of brackets (their kinds alike), up to limit + 1: each round takes out the
+    innermost pairs; a bracket that never pairs counts one level."""
+    brackets = brackets.translate(_ONE_KIND)
+    if b"[" * (limit + 1) in brackets:  # the usual hostile document: a run of opening brackets
+        return limit + 1
+    rounds = 0
+    while brackets and rounds <= limit:
+        shorter = brackets.replace(b"[]", b"")
+        if len(shorter) == len(brackets):
+            break
+        brackets, rounds = shorter, rounds + 1
+    return rounds + len(brackets)
+
+
+def _shallow(text: str) -> str:
+    if too_deep(text):
+        raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    return text
+
+
+def bounded_json(data: bytes | str) -> Any:
+    """json.loads, refusing (ValueError) a document nested deeper than MAX_JSON_DEPTH before parsing it."""
+    if too_deep(data):
+        raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    return json.loads(data)
+
+
+def export_bundle(store: Store, run_id: str, ended: tuple[str, str | None] | None = None) -> Bundle:
+    """The bundle of a finished run from the store, every member redacted. `ended`: the (status, decision) of a
+    run whose last event is stored but whose row is not final yet (the thread's verdict is posted before)."""
     run = store.get_run(run_id)
+    if ended is not None and run.status not in FINAL:
+        run = replace(run, status=ended[0], decision=ended[1])
     if run.status not in FINAL:
         raise BundleError(f"run {run.id} is still {run.status}: export it once it has ended")
     events = [redactor().message(e) for e in store.events(run.id)]
@@ -249,7 +295,7 @@ def _verified(members: dict[str, bytes], origin: str) -> Bundle:
     if MANIFEST not in members:
         raise BundleError(f"{origin}: no {MANIFEST}; not a k3repro bundle")
     try:
-        manifest = json.loads(members.pop(MANIFEST))
+        manifest = bounded_json(members.pop(MANIFEST))
         listed: dict[str, dict[str, Any]] = manifest["members"]
         if manifest["format"] != FORMAT:
             raise BundleError(

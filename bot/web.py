@@ -10,11 +10,14 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from urllib.parse import parse_qs
 
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
+from slack_sdk.signature import SignatureVerifier
 
+from bot.bundle import MAX_JSON_DEPTH, too_deep
 from bot.config import BotConfig
 from bot.slack import socket_mode
 from bot.slack.service import SlackBot
@@ -25,11 +28,27 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def web_app(bot: SlackBot) -> web.Application:
+    verifier = SignatureVerifier(bot.settings.signing_secret)
+
     async def slack(request: web.Request) -> web.Response:
+        """The signature (and its 5-minute window) is checked on the raw body before anything parses it:
+        bolt parses a request's JSON when it builds its request object, before its own verification runs.
+        A signed body nesting JSON deeper than MAX_JSON_DEPTH is refused in one line."""
         if bot.app is None:
             return web.Response(status=503, text="starting")
         started = time.perf_counter()
-        response = await to_aiohttp_response(await bot.app.async_dispatch(await to_bolt_request(request)))
+        body = await request.text()
+        stamp = request.headers.get("X-Slack-Request-Timestamp", "")
+        signature = request.headers.get("X-Slack-Signature", "")
+        if not (stamp.isascii() and stamp.isdigit() and verifier.is_valid(body, stamp, signature)):
+            response = web.json_response({"error": "invalid request"}, status=401)
+        elif too_deep(_json_part(body, request.content_type)):
+            response = web.Response(status=400, text=f"the request's JSON nests deeper than {MAX_JSON_DEPTH} levels")
+        else:
+            try:
+                response = await to_aiohttp_response(await bot.app.async_dispatch(await to_bolt_request(request)))
+            except RecursionError:  # not reached past the depth bound; never a traceback if it were
+                response = web.Response(status=400, text="the request's JSON nests too deep")
         bot.metrics.inc("k3repro_slack_http_seconds_total", time.perf_counter() - started)
         bot.metrics.inc("k3repro_slack_http_requests_total", status=str(response.status))
         return response
@@ -49,6 +68,13 @@ def web_app(bot: SlackBot) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
     return app
+
+
+def _json_part(body: str, content_type: str) -> str:
+    """The JSON a Slack request carries: the body itself, or a form's `payload` field (interactivity)."""
+    if content_type == "application/json":
+        return body
+    return "".join(parse_qs(body).get("payload", []))
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,17 @@ deep JSON. Each hostile input is refused or bounded, never a traceback or an unb
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlencode
 
-from bot.store import Store
+import pytest
+
+from bot.bundle import bounded_json, too_deep
+from bot.store import RunNotFound, Store
+from bot.web import serving
 from protos import runner_pb2 as pb
 from runner.journal import Journal, Retention, log_bytes
+from tests.k3fixtures import bot_config
+from tests.slack_api import SlackApi, post, signed, slack_config
 
 LINE = "x" * 99  # 100 bytes a line with its newline
 SMALL = Retention(log_head_bytes=1000, log_tail_bytes=1000)
@@ -125,3 +132,51 @@ def test_the_store_forgets_runs_finished_before_retention_days_with_their_slack_
         ids = {row["run_id"] for row in again.db.table(table).rows}
         assert not ids & {"old", "old-rerun"}, table
     assert again.thread("new") is not None and again.last_seq("going") == 1
+
+
+def test_a_run_id_prefix_is_characters_not_like_wildcards(tmp_path: Path) -> None:
+    store = Store(tmp_path / "k3.db")
+    for run_id, cluster in (("ab_1", "a"), ("abx1", "b"), ("a%z", "c")):
+        store.create_run(run_id, cluster)
+        store.finish_run(run_id, "completed")
+    assert store.get_run("ab_").id == "ab_1"  # '_' was any one character: ambiguous with abx1
+    assert store.get_run("a%").id == "a%z"  # '%' was anything: ambiguous with all three
+    for typed in ("%", "_b", "%1", "a_x"):
+        with pytest.raises(RunNotFound):
+            store.get_run(typed)
+
+
+# --- deep JSON: the Slack signature before any parsing, and a bound on depth ---
+
+
+def _deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+async def test_an_unsigned_deeply_nested_slack_post_is_a_401_before_any_parsing(tmp_path: Path, api: SlackApi) -> None:
+    config = slack_config(bot_config(None, tmp_path / "k3.db", ["127.0.0.1:9"]), api)
+    async with serving(config, port=0) as served:
+        answers = []
+        for body, content_type, headers in (
+            (_deep(100_000), "application/json", {}),
+            (urlencode({"payload": _deep(100_000)}), "application/x-www-form-urlencoded", {}),
+            (_deep(100_000), "application/json", {"X-Slack-Request-Timestamp": "not-a-number"}),
+        ):
+            answers.append(await post(served, body, {"Content-Type": content_type, **headers}))
+        # signed (Slack would never send it): refused in one line, never a traceback
+        body = urlencode({"payload": _deep(100_000)})
+        signed_deep = await post(served, body, {"Content-Type": "application/x-www-form-urlencoded", **signed(body)})
+        await served.bot.idle()
+    assert [status for status, _ in answers] == [401, 401, 401]
+    assert signed_deep == (400, "the request's JSON nests deeper than 64 levels")
+    assert [c.method for c in api.calls] == ["auth.test"]
+
+
+def test_json_depth_is_bounded_without_recursion_in_bundle_json() -> None:
+    assert too_deep(_deep(1_000_000)) and too_deep("[" * 100_000) and too_deep("{" * 65)  # unclosed count
+    assert not too_deep(_deep(64)) and too_deep(_deep(65))
+    assert not too_deep('{"a": "' + "[{" * 100 + '", "b": [[1]], "c": "\\\\\\"]"}')  # strings do not count
+    assert too_deep('{"a": "\\\\", "b": ' + _deep(65) + "}")  # an escaped backslash ends no string early
+    with pytest.raises(ValueError, match="deeper than 64"):
+        bounded_json(_deep(65))
+    assert isinstance(bounded_json(_deep(64)), list)
