@@ -1,4 +1,5 @@
-"""Picks the runner of a cluster that takes a run: reachable, serving the cluster, not busy."""
+"""Picks the runner of a cluster that takes a run: reachable, serving the cluster, not busy, and of the right kind:
+a runner labelled for isolated reruns (`isolated`, or the cluster's `[isolation] label`) takes only those."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ from dataclasses import dataclass
 
 import grpc
 
-from bot.config import BotConfig, ClusterConfig
+from bot.config import BotConfig, ClusterConfig, IsolationConfig
 from bot.runner_client import describe, rpc_error_text
 from protos import runner_pb2 as pb
+
+ISOLATED_LABEL = IsolationConfig.label  # runner.toml `labels = ["isolated"]`: a host kept for isolated reruns
 
 
 class DispatchError(Exception):
@@ -40,8 +43,17 @@ async def survey(config: BotConfig, cluster: ClusterConfig) -> list[RunnerState]
     return list(await asyncio.gather(*(ask(address) for address in cluster.runners)))
 
 
+def isolation_labels(cluster: ClusterConfig) -> frozenset[str]:
+    """The labels that keep a runner for isolated reruns: `isolated`, and the cluster's static isolation label."""
+    return frozenset({ISOLATED_LABEL, cluster.isolation.label if cluster.isolation else ISOLATED_LABEL})
+
+
 async def pick_runner(config: BotConfig, cluster: ClusterConfig, labels: tuple[str, ...] = ()) -> RunnerState:
+    """The first runner of the cluster that can take a run now. `labels`: those it must carry (an isolated
+    rerun's); without them the run is a regular one, which a runner kept for isolated reruns never takes, even
+    when every other runner is down or busy. DispatchError says, in one line, why each runner could not."""
     states = await survey(config, cluster)
+    reserved = isolation_labels(cluster)
     problems: list[str] = []
     for state in states:
         d = state.description
@@ -51,6 +63,8 @@ async def pick_runner(config: BotConfig, cluster: ClusterConfig, labels: tuple[s
             problems.append(f"{state.address} serves cluster {d.cluster!r}")
         elif not set(labels) <= set(d.labels):
             problems.append(f"{state.address} lacks label(s) {', '.join(sorted(set(labels) - set(d.labels)))}")
+        elif not labels and (kept := sorted(reserved & set(d.labels))):
+            problems.append(f"{d.name} ({state.address}) {', '.join(kept)}: only for isolated reruns")
         elif not state.idle:
             problems.append(f"{d.name} busy with run {', '.join(d.active_run_ids)}")
         else:

@@ -203,7 +203,7 @@ async def _ignore(event: pb.RunEvent) -> None:
 
 
 async def test_a_once_runner_serves_one_run_then_refuses_more(certs: DevCerts, tmp_path: Path) -> None:
-    data = runner_data(certs, tmp_path / "r", scenario="demo", speed=SIM_SPEED, labels=["isolated"])
+    data = runner_data(certs, tmp_path / "r", scenario="demo", speed=SIM_SPEED)  # not labelled: a regular start
     async with running_runner(data) as daemon:
         daemon.hub.once = True
         config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"])
