@@ -23,7 +23,12 @@ EXPOSE 50051
 ENTRYPOINT ["k3repro-runner"]
 CMD ["serve", "--config", "/etc/k3repro/runner.toml"]
 
+# The bot reads the isolation templates from here ([isolation] script, job_template in k3repro.toml).
 FROM base AS bot
+COPY deploy/slurm /opt/k3repro/deploy/slurm
+COPY deploy/k8s/isolated-runner-job.yaml /opt/k3repro/deploy/k8s/
 USER k3repro
+EXPOSE 3000
 ENTRYPOINT ["k3repro-bot"]
+# `--config` may come before or after `serve`; add `--check-config` to check the file and exit.
 CMD ["serve", "--config", "/etc/k3repro/k3repro.toml"]

@@ -5,15 +5,66 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runner.journal import RETENTION_KEYS, Retention, read_retention
 from runner.tls import pem_problem
-from runner.toml_reader import ConfigError, TomlReader, read_toml
+from runner.toml_reader import ConfigError, TomlReader, read_toml, strict
 
 DEFAULT_CONFIG = "k3repro.toml"
 CONFIG_ENV = "K3REPRO_CONFIG"
+
+_ISOLATION_KEYS = (
+    "provider",
+    "queue_wait_s",
+    "poll_s",
+    "label",
+    "partition",
+    "nodelist",
+    "reservation",
+    "account",
+    "time_limit",
+    "constraint",
+    "script",
+    "runner_config",
+    "work_dir",
+    "runner_command",
+    "api_url",
+    "token_file",
+    "ca_file",
+    "namespace",
+    "job_template",
+    "image",
+    "runner_port",
+    "node_selector",
+    "tolerations",
+    "tls_secret",
+    "config_map",
+)
+# Every key k3repro.toml may hold, by table ("" is the top level; NAME stands for a cluster's name): a key not
+# listed is refused at load with the closest known one. docs/configuration.md documents exactly these
+# (tests/test_config_strict.py checks both it and that the parser below reads no other key).
+BOT_KEYS: dict[str, tuple[str, ...]] = {
+    "": ("store", *RETENTION_KEYS, "connect_timeout_s", "reconnect_for_s", "tls", "slack", "isolation", "clusters"),
+    "tls": ("ca", "cert", "key", "server_name"),
+    "slack": (
+        "bot_token",
+        "signing_secret",
+        "app_token",
+        "api_url",
+        "listen",
+        "command",
+        "post_interval_s",
+        "update_interval_s",
+        "timeout_s",
+    ),
+    "isolation": _ISOLATION_KEYS,
+    "clusters.NAME": ("runners", "image", "launch", "profile", "request", "channels", "operators", "isolation"),
+    "clusters.NAME.request": ("api", "repeats", "body"),
+    "clusters.NAME.isolation": _ISOLATION_KEYS,
+}
 
 
 @dataclass(frozen=True)
@@ -102,6 +153,9 @@ class BotConfig:
     connect_timeout_s: float = 5.0
     reconnect_for_s: float = 600.0  # how long a lost runner stream is retried before the run is marked lost
     slack: SlackConfig | None = None
+    retention: Retention = field(
+        default_factory=Retention
+    )  # log caps per run, days a finished run is kept (the store's)
 
     def cluster(self, name: str) -> ClusterConfig:
         try:
@@ -116,21 +170,29 @@ def config_path(given: Path | None) -> Path:
 
 
 def load_bot_config(path: Path) -> BotConfig:
-    return parse_bot_config(read_toml(path), base=path.parent, origin=str(path))
+    """The config file, refused in one line (before anything, the store included, is created) when it is empty
+    or defines no cluster."""
+    data = read_toml(path)
+    if not data:
+        raise ConfigError(f"{path}: the file is empty; start from deploy/config/k3repro.toml (docs/configuration.md)")
+    config = parse_bot_config(data, base=path.parent, origin=str(path))
+    if not config.clusters:
+        raise ConfigError(f"{path}: no cluster is defined; add a [clusters.NAME] table (runners, image, launch)")
+    return config
 
 
 def parse_bot_config(data: dict[str, Any], *, base: Path, origin: str) -> BotConfig:
-    reader = TomlReader(data, origin)
-    isolation = (
-        _isolation(TomlReader(table, f"{origin} [isolation]"), base) if (table := reader.table("isolation")) else None
-    )
-    clusters = {
-        name: _cluster(name, TomlReader(table, f"{origin} [clusters.{name}]"), base, isolation)
-        for name, table in reader.table("clusters").items()
-    }
+    """Builds the config; relative paths are taken from `base`. Unknown keys are refused first, in every table,
+    before any value is read."""
+    reader = strict(data, BOT_KEYS[""], origin)
+    tls_reader = strict(reader.table("tls"), BOT_KEYS["tls"], origin, "tls")
+    slack_reader = strict(reader.table("slack"), BOT_KEYS["slack"], origin, "slack")
+    isolation_reader = strict(reader.table("isolation"), BOT_KEYS["isolation"], origin, "isolation")
+    cluster_readers = {name: _cluster_readers(name, table, origin) for name, table in reader.table("clusters").items()}
+    isolation = _isolation(isolation_reader, base) if isolation_reader.data else None
+    clusters = {name: _cluster(name, *readers, base, isolation) for name, readers in cluster_readers.items()}
     tls = None
-    if tls_table := reader.table("tls"):
-        tls_reader = TomlReader(tls_table, f"{origin} [tls]")
+    if tls_reader.data:
         cert, key = tls_reader.text("cert", ""), tls_reader.text("key", "")
         tls = ClientTls(
             ca=base / tls_reader.text("ca"),
@@ -144,7 +206,8 @@ def parse_bot_config(data: dict[str, Any], *, base: Path, origin: str) -> BotCon
         tls=tls,
         connect_timeout_s=reader.number("connect_timeout_s", 5.0),
         reconnect_for_s=reader.number("reconnect_for_s", 600.0),
-        slack=_slack(TomlReader(slack, f"{origin} [slack]")) if (slack := reader.table("slack")) else None,
+        slack=_slack(slack_reader) if slack_reader.data or _slack_in_environment() else None,
+        retention=read_retention(reader),
     )
     if not config.connect_timeout_s > 0:
         raise ConfigError(f"{origin}: connect_timeout_s must be above 0, got {config.connect_timeout_s!r}")
@@ -173,6 +236,12 @@ SLACK_SECRETS = {
 }
 
 
+def _slack_in_environment() -> bool:
+    """Without a [slack] table, the Slack bot runs on its defaults when the environment has both secrets (a
+    container's env_file or Secret, as deploy/ ships)."""
+    return all(os.environ.get(SLACK_SECRETS[key]) for key in ("bot_token", "signing_secret"))
+
+
 def _slack(reader: TomlReader) -> SlackConfig:
     secrets = {key: reader.text(key, "") or os.environ.get(env, "") for key, env in SLACK_SECRETS.items()}
     for key in ("bot_token", "signing_secret"):
@@ -199,7 +268,7 @@ def _isolation(reader: TomlReader, base: Path) -> IsolationConfig:
         return base / value if value else None
 
     selector = reader.table("node_selector")
-    tolerations = reader.data.get("tolerations", [])
+    tolerations = reader.value("tolerations", [])
     if not isinstance(tolerations, list) or not all(
         isinstance(t, dict) and all(isinstance(v, str) for v in t.values()) for t in tolerations
     ):
@@ -239,10 +308,24 @@ def _isolation(reader: TomlReader, base: Path) -> IsolationConfig:
     return config
 
 
-def _cluster(name: str, reader: TomlReader, base: Path, isolation: IsolationConfig | None) -> ClusterConfig:
-    if not isinstance(reader.data, dict):
-        raise ConfigError(f"{reader.origin}: must be a table")
-    launch = reader.data.get("launch")
+def _cluster_readers(name: str, data: Any, origin: str) -> tuple[TomlReader, TomlReader, TomlReader]:
+    """A cluster's table and its [request] and [isolation] tables, each checked for unknown keys."""
+    table = f"clusters.{name}"
+    reader = strict(data, BOT_KEYS["clusters.NAME"], origin, table)
+    request = strict(reader.table("request"), BOT_KEYS["clusters.NAME.request"], origin, f"{table}.request")
+    isolation = strict(reader.table("isolation"), BOT_KEYS["clusters.NAME.isolation"], origin, f"{table}.isolation")
+    return reader, request, isolation
+
+
+def _cluster(
+    name: str,
+    reader: TomlReader,
+    request: TomlReader,
+    own_isolation: TomlReader,
+    base: Path,
+    isolation: IsolationConfig | None,
+) -> ClusterConfig:
+    launch = reader.value("launch")
     if isinstance(launch, str):
         try:
             argv = tuple(shlex.split(launch))
@@ -252,8 +335,7 @@ def _cluster(name: str, reader: TomlReader, base: Path, isolation: IsolationConf
         argv = tuple(launch)
     else:
         raise ConfigError(f"{reader.origin}: 'launch' must be the vllm serve command, as a string or a list")
-    request = TomlReader(reader.table("request"), f"{reader.origin} [request]")
-    body = request.data.get("body", {})
+    body = request.value("body", {})
     if isinstance(body, str):
         body_json = body
     elif isinstance(body, dict):
@@ -274,7 +356,5 @@ def _cluster(name: str, reader: TomlReader, base: Path, isolation: IsolationConf
         ),
         channels=tuple(reader.texts("channels")),
         operators=tuple(reader.texts("operators")),
-        isolation=_isolation(TomlReader(table, f"{reader.origin} [isolation]"), base)
-        if (table := reader.table("isolation"))
-        else isolation,
+        isolation=_isolation(own_isolation, base) if own_isolation.data else isolation,
     )

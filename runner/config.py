@@ -2,17 +2,62 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runner.journal import RETENTION_KEYS, Retention, read_retention
 from runner.sim.catalog import catalog
 from runner.sim.scenario import load_scenario, scenario_path
-from runner.toml_reader import ConfigError, TomlReader, read_toml
+from runner.toml_reader import ConfigError, TomlReader, read_toml, strict
 
 BACKENDS = ("docker", "process", "sim")
+
+# Every key runner.toml may hold, by table ("" is the top level): a key not listed is refused at load with the
+# closest known one. docs/configuration.md documents exactly these (tests/test_config_strict.py checks both it
+# and that the parser below reads no other key).
+RUNNER_KEYS: dict[str, tuple[str, ...]] = {
+    "": (
+        "name",
+        "cluster",
+        "labels",
+        "listen",
+        "insecure",
+        "state_dir",
+        "max_concurrent_runs",
+        "heartbeat_s",
+        "allowed_images",
+        "baseline_dirs",
+        "request_bodies",
+        *RETENTION_KEYS,
+        "tls",
+        "engine",
+        "metrics",
+    ),
+    "tls": ("cert", "key", "client_ca"),
+    "engine": (
+        "backend",
+        "executables",
+        "launch_host",
+        "ready_timeout_s",
+        "stall_timeout_s",
+        "request_timeout_s",
+        "stop_grace_s",
+        "failure_attempts",
+        "foreign_memory_wait_s",
+        "reuse_server",
+        "proxies",
+        "sim",
+        "docker",
+    ),
+    "engine.sim": ("scenario", "speed"),
+    "engine.docker": ("gpus", "volumes", "env"),
+    "metrics": ("listen",),
+}
 
 
 @dataclass(frozen=True)
@@ -68,10 +113,29 @@ class RunnerConfig:
     tls: TlsFiles | None = None
     engine: EngineConfig = field(default_factory=EngineConfig)
     metrics_listen: str = ""  # `[metrics] listen`: HOST:PORT of the Prometheus endpoint; "" serves none
+    insecure: bool = False  # serve without mTLS on an address other hosts reach (refused unless set)
+    retention: Retention = field(default_factory=Retention)  # log caps per run, days a finished run is kept
 
     @property
     def journal_path(self) -> Path:
         return self.state_dir / "journal.sqlite"
+
+    @property
+    def mutual_tls(self) -> bool:
+        """Clients must present a certificate signed by `client_ca`."""
+        return self.tls is not None and self.tls.client_ca is not None
+
+
+def is_loopback(listen: str) -> bool:
+    """Whether HOST:PORT listens on this host's loopback only (a host name other than localhost, `0.0.0.0` and
+    `[::]` are not: other hosts may reach them)."""
+    host = listen.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def resolve_executable(program: str) -> str | None:
@@ -83,25 +147,28 @@ def resolve_executable(program: str) -> str | None:
 
 def load_runner_config(path: Path) -> RunnerConfig:
     data = read_toml(path)
+    if not data:
+        raise ConfigError(f"{path}: the file is empty; start from deploy/config/runner.toml (docs/configuration.md)")
     return parse_runner_config(data, base=path.parent, origin=str(path))
 
 
 def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> RunnerConfig:
-    """Builds the config; relative paths are taken from the config file's folder."""
-    reader = TomlReader(data, origin)
-    tls_data = reader.table("tls")
+    """Builds the config; relative paths are taken from the config file's folder. Unknown keys are refused
+    first, in every table, before any value is read."""
+    reader = strict(data, RUNNER_KEYS[""], origin)
+    tls_reader = strict(reader.table("tls"), RUNNER_KEYS["tls"], origin, "tls")
+    engine_reader = strict(reader.table("engine"), RUNNER_KEYS["engine"], origin, "engine")
+    sim_reader = strict(engine_reader.table("sim"), RUNNER_KEYS["engine.sim"], origin, "engine.sim")
+    docker_reader = strict(engine_reader.table("docker"), RUNNER_KEYS["engine.docker"], origin, "engine.docker")
+    metrics_reader = strict(reader.table("metrics"), RUNNER_KEYS["metrics"], origin, "metrics")
     tls = None
-    if tls_data:
-        tls_reader = TomlReader(tls_data, f"{origin} [tls]")
+    if tls_reader.data:
         ca = tls_reader.text("client_ca", "")
         tls = TlsFiles(
             cert=base / tls_reader.text("cert"),
             key=base / tls_reader.text("key"),
             client_ca=base / ca if ca else None,
         )
-    engine_reader = TomlReader(reader.table("engine"), f"{origin} [engine]")
-    sim_reader = TomlReader(engine_reader.table("sim"), f"{origin} [engine.sim]")
-    docker_reader = TomlReader(engine_reader.table("docker"), f"{origin} [engine.docker]")
     docker_env = docker_reader.table("env")
     if not all(isinstance(v, str) for v in docker_env.values()):
         raise ConfigError(f"{origin} [engine.docker]: 'env' values must be strings")
@@ -113,7 +180,11 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
         scenario = str(scenario_path(scenario, base))
         load_scenario(scenario, catalog().phases())  # a broken scenario is refused now, not at every launch
     defaults = EngineConfig()
-    executables = _executables(engine_reader, base)
+    # Only the process backend runs programs of this host: the others keep the list unresolved (a docker or sim
+    # host need not have vllm installed).
+    executables = _executables(engine_reader, base) if backend == "process" else ()
+    if backend != "process":
+        engine_reader.texts("executables")  # still a list of strings
     engine = EngineConfig(
         backend=backend,
         launch_host=engine_reader.text("launch_host", defaults.launch_host),
@@ -136,7 +207,7 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
     )
     _check_ranges(engine, f"{origin} [engine]")
     config = RunnerConfig(
-        name=reader.text("name"),
+        name=reader.text("name", "") or socket.gethostname(),
         cluster=reader.text("cluster"),
         listen=reader.text("listen", "127.0.0.1:50051"),
         state_dir=base / reader.text("state_dir", "state"),
@@ -148,7 +219,9 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
         request_bodies=reader.text("request_bodies", "text"),
         tls=tls,
         engine=engine,
-        metrics_listen=TomlReader(reader.table("metrics"), f"{origin} [metrics]").text("listen", ""),
+        metrics_listen=metrics_reader.text("listen", ""),
+        insecure=reader.flag("insecure", False),
+        retention=read_retention(reader),
     )
     if config.request_bodies not in ("text", "hash"):
         raise ConfigError(f'{origin}: request_bodies must be "text" or "hash", got {config.request_bodies!r}')
@@ -202,3 +275,9 @@ def _check_runner(config: RunnerConfig, origin: str) -> None:
         _check_address(origin, "[metrics] listen", config.metrics_listen)
     if config.state_dir.exists() and not config.state_dir.is_dir():
         raise ConfigError(f"{origin}: state_dir {str(config.state_dir)!r} is not a directory")
+    if not config.mutual_tls and not config.insecure and not is_loopback(config.listen):
+        missing = "there is no [tls]" if config.tls is None else "[tls] has no client_ca"
+        raise ConfigError(
+            f"{origin}: listen {config.listen} is reachable from other hosts and {missing}, so anyone could start "
+            "runs; configure mTLS ([tls] cert, key, client_ca) or set insecure = true"
+        )

@@ -26,7 +26,7 @@ from grpc_reflection.v1alpha import reflection
 from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
 from protos.limits import MESSAGE_OPTIONS
-from runner.config import RunnerConfig
+from runner.config import RunnerConfig, is_loopback
 from runner.engines import make_backend
 from runner.journal import Journal
 from runner.metrics import RunnerMetrics
@@ -55,9 +55,52 @@ class DaemonStartError(Exception):
     """The daemon cannot start (state dir in use or unwritable, port taken, unusable TLS files); one line."""
 
 
+def check_start(config: RunnerConfig) -> str:
+    """What start-up checks before it creates anything (the TLS files, readable PEM; the state dir, usable),
+    without binding, locking or writing: `k3repro-runner serve --check-config`. Returns how the runner would
+    serve, in a few words; DaemonStartError (one line) when it could not start."""
+    if config.tls is not None:
+        _check_pem(config.tls.cert, config.tls.key, config.tls.client_ca)
+    _check_state_dir(config.state_dir)
+    return (
+        f"runner {config.name}, cluster {config.cluster}, backend {config.engine.backend}, "
+        f"listen {config.listen} ({_transport(config)})"
+    )
+
+
+def _transport(config: RunnerConfig) -> str:
+    if config.mutual_tls:
+        return "mTLS"
+    if is_loopback(config.listen):
+        return "loopback, no mTLS"
+    return "INSECURE: no mTLS"
+
+
+def _warn_transport(config: RunnerConfig) -> None:
+    """A runner without mTLS says so at every start: loudly where other hosts may reach it (insecure = true; the
+    config refuses it otherwise), once more quietly on loopback."""
+    if config.mutual_tls:
+        return
+    if is_loopback(config.listen):
+        log.warning(
+            "runner %s serves gRPC on %s without mTLS: any process on this host can start runs",
+            config.name,
+            config.listen,
+        )
+    else:
+        log.warning(
+            "INSECURE: runner %s serves gRPC on %s WITHOUT mTLS (insecure = true): anyone who reaches this port can "
+            "start runs and read their logs; configure [tls] cert, key and client_ca",
+            config.name,
+            config.listen,
+        )
+
+
 class RunnerDaemon:
     def __init__(self, config: RunnerConfig) -> None:
         self.config = config
+        if config.tls is not None:  # before anything is created: a refused start leaves nothing behind
+            _check_pem(config.tls.cert, config.tls.key, config.tls.client_ca)
         self._lock = _lock_state_dir(config.state_dir)
         try:
             self.journal = Journal(config.journal_path)
@@ -93,8 +136,7 @@ class RunnerDaemon:
     async def start(self) -> int:
         """Binds, closes what a previous process left, and starts serving; returns the bound port (useful
         with `listen = "127.0.0.1:0"`). Binding comes first: a daemon that cannot serve touches nothing."""
-        if self.config.tls is not None:
-            _check_pem(self.config.tls.cert, self.config.tls.key, self.config.tls.client_ca)
+        _warn_transport(self.config)
         _check_bindable(self.config.listen)
         try:
             if self.config.tls is None:
@@ -201,6 +243,17 @@ def _check_pem(*paths: Path | None) -> None:
         problem = pem_problem(path) if path is not None else None
         if problem is not None:
             raise DaemonStartError(f"TLS: {problem}")
+
+
+def _check_state_dir(state_dir: Path) -> None:
+    """The state dir is a writable directory, or can be made in the nearest folder that exists (nothing is made)."""
+    existing = state_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise DaemonStartError(f"cannot use state_dir {state_dir}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise DaemonStartError(f"cannot use state_dir {state_dir}: {existing} is not writable")
 
 
 def _check_bindable(listen: str) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import tomllib
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +23,56 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: {exc}") from None
 
 
+def unknown_keys(data: dict[str, Any], known: Collection[str], file: str, table: str = "") -> str | None:
+    """What is wrong with the keys of one table, in one line naming the file, the table and each unknown key
+    with the closest known one (`k3repro.toml: [engine]: unknown key 'stall_timout_s' (did you mean
+    'stall_timeout_s'?)`); None when every key is known."""
+    problems = []
+    for key in data:
+        if key in known:
+            continue
+        close = difflib.get_close_matches(key, list(known), n=1)
+        if isinstance(data[key], dict):  # a table header: [engine.simm], [metric]
+            prefix = f"{table}." if table else ""
+            problems.append(
+                f"unknown table [{prefix}{key}]" + (f" (did you mean [{prefix}{close[0]}]?)" if close else "")
+            )
+        else:
+            problems.append(f"unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    if not problems:
+        return None
+    where = f"{file}: [{table}]" if table else file
+    return f"{where}: {'; '.join(problems)}"
+
+
+def strict(data: dict[str, Any], known: Collection[str], file: str, table: str = "") -> TomlReader:
+    """A reader of one table that refuses keys it does not know, before any value is read (so a typo is named
+    as a typo, not as the missing key it was meant to be). Its origin is `FILE [TABLE]`, as everywhere."""
+    if not isinstance(data, dict):
+        where = f"{file}: [{table}]" if table else file
+        raise ConfigError(f"{where}: must be a table")
+    problem = unknown_keys(data, known, file, table)
+    if problem is not None:
+        raise ConfigError(problem)
+    return TomlReader(data, f"{file} [{table}]" if table else file)
+
+
 class TomlReader:
-    """Typed access to a TOML table with errors that name the file and key."""
+    """Typed access to a TOML table with errors that name the file and key. `read` holds every key asked for
+    (present or not): what a parser knows, which a test compares with the keys it declares."""
 
     def __init__(self, data: dict[str, Any], origin: str) -> None:
         self.data = data
         self.origin = origin
+        self.read: set[str] = set()
+
+    def value(self, key: str, default: Any = None) -> Any:
+        """The raw value (any type), for keys a parser checks itself."""
+        self.read.add(key)
+        return self.data.get(key, default)
 
     def _get(self, key: str, default: object, kinds: tuple[type, ...], what: str) -> Any:
+        self.read.add(key)
         if key not in self.data:
             if default is _REQUIRED:
                 raise ConfigError(f"{self.origin}: missing key {key!r}")

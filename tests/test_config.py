@@ -32,7 +32,7 @@ def sim(top: str = "", engine: str = "") -> str:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('cluster = "a"\nallowed_images = ["x"]\n', "missing key 'name'"),
+        ('name = "r"\nallowed_images = ["x"]\n', "missing key 'cluster'"),
         ('name = "r"\ncluster = "a"\n', "allowed_images is empty"),
         (
             'name = "r"\ncluster = "a"\nallowed_images = ["x"]\n[engine]\nbackend = "k8s"\n',
