@@ -204,7 +204,7 @@ def test_show_of_a_run_lists_its_reruns_and_minimize_runs(stored: Stored, capsys
 
 def test_runs_has_a_kind_column_and_no_slack_markup(stored: Stored, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _main(capsys, "--config", stored.config, "runs")
-    kinds = {line.split()[0]: line.split()[1] for line in out.splitlines()}
+    kinds = {line.split()[0]: line.split()[3] for line in out.splitlines()}  # id, cluster, status, kind
     assert code == 0
     assert kinds == {
         stored.run_id: "run", RERUN: "rerun", MINIMIZE: "minimize", CANCELLED: "run", stored.imported: "imported",

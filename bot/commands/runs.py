@@ -55,7 +55,7 @@ def list_runs(args: argparse.Namespace) -> int:
         print("no runs yet")
     for run in rows:
         line = (
-            f"{run.id}  {kind(run):<8} {run.cluster:<14} {run.status:<10} {run.decision or '-':<9} {run.summary or ''}"
+            f"{run.id}  {run.cluster:<14} {run.status:<10} {kind(run):<8} {run.decision or '-':<9} {run.summary or ''}"
         )
         print(terminal(unmentioned(line)))
     return 0
