@@ -3,6 +3,7 @@ deep JSON. Each hostile input is refused or bounded, never a traceback or an unb
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -14,7 +15,7 @@ from bot.web import serving
 from protos import runner_pb2 as pb
 from runner.journal import Journal, Retention, log_bytes
 from tests.k3fixtures import bot_config
-from tests.slack_api import SlackApi, post, signed, slack_config
+from tests.slack_api import SlackApi, command_body, post, signed, slack_config
 
 LINE = "x" * 99  # 100 bytes a line with its newline
 SMALL = Retention(log_head_bytes=1000, log_tail_bytes=1000)
@@ -180,3 +181,63 @@ def test_json_depth_is_bounded_without_recursion_in_bundle_json() -> None:
     with pytest.raises(ValueError, match="deeper than 64"):
         bounded_json(_deep(65))
     assert isinstance(bounded_json(_deep(64)), list)
+
+
+# --- /k3repro status and runs: a cluster's runs, in its channels, to its operators ---
+
+
+async def test_status_and_runs_show_only_this_channels_clusters_to_their_operators(
+    tmp_path: Path, api: SlackApi
+) -> None:
+    config = slack_config(bot_config(None, tmp_path / "k3.db", ["127.0.0.1:9"]), api)
+    other = replace(config.clusters["cluster-a"], name="cluster-b", channels=("C-B",), operators=("U-B",))
+    config = replace(config, clusters={**config.clusters, "cluster-b": other})
+    store = Store(tmp_path / "k3.db")
+    for run_id, cluster in (("run-a1", "cluster-a"), ("run-b1", "cluster-b"), ("run-b2", "cluster-b")):
+        store.create_run(run_id, cluster)
+        store.create_thread(run_id, "C-OPS" if cluster == "cluster-a" else "C-B", "team")
+        store.finish_run(run_id, "completed")  # (an active one would be resumed, with no runner to reach)
+    store.close()
+    answers: dict[tuple[str, str, str], str] = {}
+    async with serving(config, port=0) as served:
+        for text, user, channel in (
+            ("runs", "U-OPS", "C-OPS"),
+            ("status", "U-OPS", "C-OPS"),
+            ("status run-a1", "U-OPS", "C-OPS"),
+            ("status run-b1", "U-OPS", "C-OPS"),
+            ("status run-", "U-OPS", "C-OPS"),  # would be ambiguous over both clusters
+            ("runs", "U-B", "C-B"),
+            ("runs", "U-OPS", "C-B"),  # an operator of cluster-a, in cluster-b's channel
+            ("runs", "U-B", "C-OPS"),
+            ("status", "U-SOMEONE", "C-ELSEWHERE"),
+            ("status run-a1", "U-SOMEONE", "C-ELSEWHERE"),
+        ):
+            body = command_body(text, user=user, channel=channel)
+            await post(served, body, signed(body))
+            await served.bot.idle()
+            answers[text, user, channel] = api.called("chat.postEphemeral")[-1].body["text"]
+    assert "run-a1" in answers["runs", "U-OPS", "C-OPS"] and "run-b" not in answers["runs", "U-OPS", "C-OPS"]
+    assert answers["status", "U-OPS", "C-OPS"].startswith("no run is active")
+    assert "run-a1" in answers["status run-a1", "U-OPS", "C-OPS"]
+    assert answers["status run-b1", "U-OPS", "C-OPS"] == "⛔ no run 'run-b1'"
+    assert "run-a1" in answers["status run-", "U-OPS", "C-OPS"]
+    assert "run-b1" in answers["runs", "U-B", "C-B"] and "run-b2" in answers["runs", "U-B", "C-B"]
+    assert "run-a1" not in answers["runs", "U-B", "C-B"] and "C-OPS" not in answers["runs", "U-B", "C-B"]
+    refused = [
+        answers[k] for k in answers if k[1:] in (("U-OPS", "C-B"), ("U-B", "C-OPS"), ("U-SOMEONE", "C-ELSEWHERE"))
+    ]
+    assert len(refused) == 4
+    assert all(a.startswith("⛔ `status` and `runs` show a cluster's runs in its channels") for a in refused)
+    assert not any("run-" in a for a in refused)
+
+
+def test_the_store_lists_and_finds_runs_of_given_clusters_only(tmp_path: Path) -> None:
+    store = Store(tmp_path / "k3.db")
+    store.create_run("run-a", "a")
+    store.create_run("run-b", "b")
+    assert [r.id for r in store.runs(10, ("running",), ("a",))] == ["run-a"]
+    assert [r.id for r in store.runs(10, (), ("b", "c"))] == ["run-b"]
+    assert store.runs(10, (), ()) == []
+    assert store.get_run("run-", ("a",)).id == "run-a"
+    with pytest.raises(RunNotFound):
+        store.get_run("run-b", ("a",))

@@ -63,6 +63,12 @@ class Access:
             return False
         return True
 
+    async def readable_clusters(self, channel: str, user: str) -> tuple[str, ...]:
+        """The clusters whose runs `status` and `runs` show to `user` in `channel`: start's rules, those the
+        channel is configured for and the user operates (a user-group lookup that fails counts as no)."""
+        clusters = [c for c in self.config.clusters.values() if channel in c.channels]
+        return tuple([c.name for c in clusters if await self.is_operator(c, user)])
+
     @staticmethod
     def _group_ids(cluster: ClusterConfig) -> list[str]:
         return [ident for ident in cluster.operators if ident.startswith("S")]

@@ -36,8 +36,10 @@ SPECS: dict[str, Spec] = {
         options=("profile", "image"),
         operates=True,
     ),
-    "status": Spec("status [RUN]", "the active runs, or one run", optional=("run",)),
-    "runs": Spec("runs", "the latest runs"),
+    "status": Spec(
+        "status [RUN]", "the active runs of this channel's clusters (to their operators), or one", optional=("run",)
+    ),
+    "runs": Spec("runs", "the latest runs of this channel's clusters (to their operators)"),
     "cancel": Spec("cancel RUN", "cancel an active run", required=("run",), operates=True),
     "rerun": Spec(
         "rerun RUN isolated",

@@ -158,12 +158,23 @@ class Handlers:
         await self.threads.open(started, request.channel, request.team_domain)
         return ""
 
+    async def _readable(self, request: Request) -> tuple[str, ...]:
+        """The clusters `status` and `runs` answer about here (Access.readable_clusters); none is a refusal."""
+        clusters = await self.access.readable_clusters(request.channel, request.user)
+        if not clusters:
+            raise Refused(
+                "`status` and `runs` show a cluster's runs in its channels, to its operators (as `start`);"
+                " this channel or user has none"
+            )
+        return clusters
+
     async def _do_status(self, request: Request, run: str = "") -> str:
+        clusters = await self._readable(request)
         if run:
-            found = await self.store.call(Store.get_run, run)
+            found = await self.store.call(Store.get_run, run, clusters)
             rows = [found]
         else:
-            rows = await self.store.call(Store.active_runs)
+            rows = [row for row in await self.store.call(Store.active_runs) if row.cluster in clusters]
             if not rows:
                 return "no run is active; `/k3repro runs` lists the latest"
         # a run whose follower died (a terminal's start killed mid-run) is read from its runner, not left active
@@ -171,7 +182,8 @@ class Handlers:
         return "\n".join([await self._run_line(row) for row in rows])
 
     async def _do_runs(self, request: Request) -> str:
-        rows = [await self.core.settle(row) for row in await self.store.call(Store.runs, 10)]
+        clusters = await self._readable(request)
+        rows = [await self.core.settle(row) for row in await self.store.call(Store.runs, 10, (), clusters)]
         return "\n".join([await self._run_line(row) for row in rows]) or "no runs yet"
 
     async def _do_cancel(self, request: Request, run: str) -> str:

@@ -85,11 +85,15 @@ class RunTables(CappedLog, Tables):
         if run.status in ACTIVE:
             self.finish_run(run_id, CANCELLED, why)
 
-    def get_run(self, run_id: str) -> Run:
-        """A run by id or by a unique prefix of its id."""
+    def get_run(self, run_id: str, clusters: tuple[str, ...] | None = None) -> Run:
+        """A run by id or by a unique prefix of its id; with `clusters`, only a run of one of them."""
         # a prefix by substr, not LIKE: '%' and '_' in what was typed are characters, never wildcards
-        where = "id = ? OR substr(id, 1, ?) = ?"
-        rows = list(self.db.table("runs").rows_where(where, [run_id, len(run_id), run_id], limit=2))
+        where = "(id = ? OR substr(id, 1, ?) = ?)"
+        params: list[Any] = [run_id, len(run_id), run_id]
+        if clusters is not None:
+            where += f" AND cluster IN ({', '.join('?' * len(clusters))})"
+            params += clusters
+        rows = list(self.db.table("runs").rows_where(where, params, limit=2))
         exact = [row for row in rows if row["id"] == run_id]
         if exact:
             return Run(**exact[0])
@@ -106,10 +110,16 @@ class RunTables(CappedLog, Tables):
         rows = list(self.db.table("runs").rows_where(where, [cluster]))
         return Run(**rows[0]) if rows else None
 
-    def runs(self, limit: int = 20, status: tuple[str, ...] = ()) -> list[Run]:
-        """The latest runs, newest first; with `status`, only those in it."""
-        where = f"status IN ({', '.join('?' * len(status))})" if status else None
-        rows = self.db.table("runs").rows_where(where, list(status), order_by="created_at DESC", limit=limit)
+    def runs(self, limit: int = 20, status: tuple[str, ...] = (), clusters: tuple[str, ...] | None = None) -> list[Run]:
+        """The latest runs, newest first; with `status`, only those in it; with `clusters`, only theirs."""
+        wheres, params = [], list(status)
+        if status:
+            wheres.append(f"status IN ({', '.join('?' * len(status))})")
+        if clusters is not None:
+            wheres.append(f"cluster IN ({', '.join('?' * len(clusters))})")
+            params += clusters
+        where = " AND ".join(wheres) or None
+        rows = self.db.table("runs").rows_where(where, params, order_by="created_at DESC", limit=limit)
         return [Run(**row) for row in rows]
 
     def active_runs(self) -> list[Run]:
