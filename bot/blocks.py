@@ -279,7 +279,11 @@ def stage_result(view: RunRecord, finished: StageResult) -> Message:
     stage = finished.stage or "run"
     blocks = [stage_head(finished)]
     blocks += [section(artifact_note(a)) for a in view.notes.get(stage, [])]
-    blocks += [section(proxy_note(s.source, s.proxies, s.line)) for s in view.launches if s.stage == stage and s.proxy]
+    proxied = [proxy_label(s.source, s.proxies) for s in view.launches if s.stage == stage and s.proxy]
+    if proxied:
+        blocks.append(context(clip("proxy launches: " + " · ".join(proxied), 2900)))
+    if stage == "ladder" and view.ladder:
+        blocks.append(ladder_summary(view.ladder))
     error = view.first_errors.get(stage)
     if error is not None and finished.status == "failed":
         blocks += first_error_blocks(error)
@@ -331,10 +335,32 @@ def checklist_line(check: Check, evidence_chars: int | None = None) -> str:
 
 
 def proxy_note(source: str, proxies: Iterable[tuple[str, str]], line: str) -> str:
-    """How the thread and the terminal label a proxy launch; `proxies`: (id, what it removes)."""
+    """How the terminal labels a proxy launch as it starts; `proxies`: (id, what it removes)."""
     used = list(proxies)
     ids, removes = " + ".join(p for p, _ in used), "; no ".join(r for _, r in used)
     return f"proxy launch: `{escaped(clip(f'{source}: {ids} (no {removes}) — {line}', 2800))}`"
+
+
+def proxy_label(source: str, proxies: Iterable[tuple[str, str]]) -> str:
+    """A proxy launch in a stage's message: where and which proxies, not the whole command again."""
+    return f"`{escaped(source)}` ({escaped(' + '.join(p for p, _ in proxies))})"
+
+
+def ladder_summary(steps: Iterable[LadderStep]) -> Block:
+    """The ladder in one block: a line per step that ran, the steps that did not apply named together; a
+    failure's error line is the stage's first error, shown once below."""
+    lines, moot = [], []
+    for step in steps:
+        if step.outcome == "not_applicable":
+            moot.append(step.wire.title or step.step)
+            continue
+        added = f" — adds `{escaped(clip(' '.join(step.wire.added), 300))}`" if step.wire.added else ""
+        how = "relaunched" if step.relaunched else "same server"
+        failed = f" in `{escaped(step.phase)}` [{escaped(step.category)}]" if step.signature else ""
+        lines.append(f"🪜 *{escaped(step.wire.title or step.step)}*: `{escaped(step.outcome)}`{failed} ({how}){added}")
+    if moot:
+        lines.append(f"➖ not applicable (the deployment sets none of their flags): {escaped(', '.join(moot))}")
+    return section(clip("\n".join(lines), MAX_SECTION), "ladder_steps")
 
 
 def artifact_note(artifact: pb.Artifact) -> str:
@@ -357,10 +383,6 @@ def request_lines(r: pb.RequestResult) -> list[str]:
     if r.warnings:
         line += f" · {len(r.warnings)} warning(s)"
     return [line + (f" — {r.error}" if r.error else ""), *(f"  warning: {w}" for w in r.warnings)]
-
-
-def ladder_step(step: LadderStep) -> Message:
-    return fit(escaped(f"ladder {step.step}: {step.outcome}"), [ladder_block(step)])
 
 
 def ladder_block(step: LadderStep) -> Block:
@@ -446,7 +468,7 @@ class EventBlocks:
         if isinstance(fact, PhaseReached):
             return [context(f"phase `{escaped(fact.phase)}`")]
         if isinstance(fact, FirstError) and fact.repeat:
-            return [context(escaped(f"the same first error again in `{fact.phase}`: {fact.line}"))]
+            return [context(escaped(f"the same first error again in `{fact.phase}` (shown above)"))]
         if isinstance(fact, FirstError):
             return first_error_blocks(fact)
         if isinstance(fact, Check):

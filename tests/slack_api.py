@@ -398,8 +398,7 @@ def action_body(payload: dict[str, Any]) -> str:
 
 
 def assert_thread_complete(api: SlackApi) -> None:
-    """One card, one checklist in its final state, each stage once, the verdict, each file (the timeline
-    picture among them) once."""
+    """One card, one checklist in its final state, each stage once, the verdict, its two files once."""
     cards = [m for m in api.messages.values() if "thread_ts" not in m]
     assert len(cards) == 1
     parent = cards[0]
@@ -411,7 +410,7 @@ def assert_thread_complete(api: SlackApi) -> None:
     assert len(heads) == len(set(heads)) and heads[0] == "✅ freeze" and "❌ minimal_launch" in heads
     assert verdict.get("reply_broadcast") and verdict["text"].startswith("continue")
     titles = [f["title"] for f in api.files]
-    assert {"minimal_launch log", "fingerprint", "timeline"} <= set(titles) and len(titles) == len(set(titles))
+    assert sorted(titles) == ["bundle", "timeline"]  # the run's files, gathered: the picture and the bundle
     assert all(f["thread_ts"] == parent["ts"] for f in api.files)
     keys = [((m.get("metadata") or {}).get("event_payload") or {}).get("k3repro_key") for m in api.thread(parent["ts"])]
     assert all(keys) and len(keys) == len(set(keys))  # nothing posted twice (a card's updates replace its metadata)

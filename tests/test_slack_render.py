@@ -124,12 +124,25 @@ def test_the_card_carries_the_run_id_and_buttons_until_the_run_ends() -> None:
     assert [e["action_id"] for e in blocks.card(view).blocks[-1]["elements"]] == [blocks.ACTION_RERUN]
 
 
-def test_a_ladder_step_is_one_short_message() -> None:
-    step = pb.LadderStepResult(step="prefix_caching", outcome=pb.LADDER_OUTCOME_CACHE_HIT, detail="hits 12/12")
-    fact = fact_of(pb.RunEvent(ladder_step=step))
-    assert isinstance(fact, LadderStep)
-    message = blocks.ladder_step(fact)
-    assert message.text == "ladder prefix_caching: cache_hit" and "`cache_hit` hits 12/12" in json.dumps(message.blocks)
+def test_the_ladder_is_one_block_of_its_steps_with_the_moot_ones_named_together() -> None:
+    ran = pb.LadderStepResult(
+        step="prefix_caching",
+        title="prefix caching",
+        outcome=pb.LADDER_OUTCOME_CACHE_HIT,
+        detail="hits 12/12",
+        relaunched=True,
+        added=["--enable-prefix-caching"],
+    )
+    moot = [
+        pb.LadderStepResult(step=s, title=t, outcome=pb.LADDER_OUTCOME_NOT_APPLICABLE, detail="no flags")
+        for s, t in (("kv_transfer", "KV transfer"), ("lora_multimodal", "LoRA and multimodal"))
+    ]
+    facts = [fact_of(pb.RunEvent(ladder_step=step)) for step in (ran, *moot)]
+    assert all(isinstance(fact, LadderStep) for fact in facts)
+    text = blocks.ladder_summary(f for f in facts if isinstance(f, LadderStep))["text"]["text"]
+    first, second = text.split("\n")
+    assert first == "🪜 *prefix caching*: `cache_hit` (relaunched) — adds `--enable-prefix-caching`"
+    assert second.endswith("KV transfer, LoRA and multimodal") and "no flags" not in text
 
 
 def test_slack_settings_come_from_the_file_or_the_environment_and_secrets_are_required(

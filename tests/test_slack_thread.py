@@ -20,7 +20,7 @@ import pytest
 from matplotlib.image import imread
 
 from bot.blocks import ACTION_CANCEL, ACTION_RERUN, MAX_BLOCKS, MAX_MESSAGE, MAX_SECTION
-from bot.bundle import PNG_SIGNATURE
+from bot.bundle import PNG_SIGNATURE, parse_bundle
 from bot.store import Store
 from bot.web import Served, serving
 from protos.vocab import CHECKLIST_IDS
@@ -85,10 +85,13 @@ async def test_a_slash_command_starts_a_run_whose_thread_tells_the_story(
         c.at for c in api.called("chat.update") if c.body["ts"] == parent["ts"] and "completed" in c.body["text"]
     ]
     assert completed and min(completed) > verdict_at  # the card never says more than the thread shows
-    titles = [f["title"] for f in api.files]
-    assert {"fingerprint", "minimal_launch log"} <= set(titles) and len(titles) == len(set(titles))
+    # two files, after the verdict: the timeline and the run's bundle (the scene, every log, the report)
+    assert sorted(f["title"] for f in api.files) == ["bundle", "timeline"]
     assert all(f["thread_ts"] == parent["ts"] and f["channel"] == "C-OPS" for f in api.files)
-    assert "NCCL error" in next(f["content"] for f in api.files if f["title"] == "minimal_launch log")
+    bundle = parse_bundle(next(f["data"] for f in api.files if f["title"] == "bundle"))
+    assert bundle.run["id"] == run.id and bundle.run["status"] == "completed"
+    assert "NCCL error" in bundle.members["logs/minimal_launch.log"].decode()
+    assert {"fingerprint.json", "report.json"} <= set(bundle.members)
     # the timeline picture: drawn from the run's stored events, uploaded once, after the verdict
     (picture,) = [f for f in api.files if f["title"] == "timeline"]
     assert picture["data"].startswith(PNG_SIGNATURE)

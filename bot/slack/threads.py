@@ -14,10 +14,11 @@ from typing import Any
 
 from bot import blocks, timeline
 from bot.blocks import Message
+from bot.bundle import BundleError, export_bundle
 from bot.consumer import EventCallback, RunLost, RunRefused
 from bot.coordinator import Coordinator, StartedRun
 from bot.isolation import Placement
-from bot.record import Check, Finished, LadderStep, PhaseReached, RunRecord, StageResult, StageStarted, is_file
+from bot.record import Check, Finished, PhaseReached, RunRecord, StageResult, StageStarted
 from bot.rerun import RerunOutcome, command_line, rerun_isolated, verdict_lines
 from bot.resume import Shown, resume_active
 from bot.slack.metrics import Metrics
@@ -185,13 +186,9 @@ class Threads:
     async def _on_event(self, view: RunRecord, channel: str, event: pb.RunEvent) -> None:
         fact = view.apply(event)
         key = f"{view.run_id}:{event.seq}"
+        # one message per stage (the ladder's lists its steps); evidence files are gathered in the bundle
         if isinstance(fact, StageResult) and fact.stage != "verdict":  # the run's verdict says it
             await self._post_message(view, channel, key, blocks.stage_result(view, fact))
-        elif isinstance(fact, LadderStep):
-            await self._post_message(view, channel, key, blocks.ladder_step(fact))
-        elif isinstance(fact, pb.Artifact) and is_file(fact):
-            suffix = "json" if fact.media_type == "application/json" else "txt"
-            await self._upload(view, channel, key, f"{fact.name}-{view.run_id}.{suffix}", fact.name, fact.content)
         elif isinstance(fact, Finished):
             await self._post_message(view, channel, key, blocks.verdict(view, fact), reply_broadcast=True)
         if isinstance(fact, REFRESH_ON):
@@ -200,12 +197,17 @@ class Threads:
             await self._verdict_files(view, channel, fact)
 
     async def _verdict_files(self, view: RunRecord, channel: str, fact: Finished) -> None:
-        """After the verdict: the timeline picture, then each full log."""
+        """After the verdict, two files: the timeline picture, and the run's bundle (every log, the scene, the
+        baseline, the report: what `k3repro bundle export` writes, redacted)."""
         picture = await self._timeline(view, fact)
         await self._upload(view, channel, f"{view.run_id}:timeline", f"timeline-{view.run_id}.png", "timeline", picture)
-        for source, text in view.log_texts().items():
-            title = f"{source} log"
-            await self._upload(view, channel, f"{view.run_id}:log:{source}", _filename(source, view), title, text)
+        try:
+            bundle = await self.store.call(export_bundle, view.run_id, (fact.status, fact.decision or None))
+        except BundleError as exc:
+            log.warning("run %s: no bundle for its thread: %s", view.run_id, exc)
+            return
+        name = f"k3repro-{view.run_id}.tar.gz"
+        await self._upload(view, channel, f"{view.run_id}:bundle", name, "bundle", bundle.to_bytes())
 
     async def _post_message(
         self, view: RunRecord, channel: str, key: str, message: Message, *, reply_broadcast: bool = False
@@ -253,10 +255,6 @@ class Threads:
         self._shown.pop(run_id, None)
         for name in ("card", "checklist"):
             self._queued.pop(f"{run_id}:{name}:update", None)
-
-
-def _filename(source: str, view: RunRecord) -> str:
-    return f"{source.replace('/', '-')}-{view.run_id}.log"
 
 
 Post = Callable[[str, Message], Awaitable[None]]
