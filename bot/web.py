@@ -89,6 +89,7 @@ async def serving(config: BotConfig, port: int | None = None, *, ready: bool = T
     """HTTP at the bot's `listen` address (or `port`) at once, so /healthz can say why the bot is not ready;
     the bot's start alongside (awaited before yielding when `ready`), then Socket Mode when configured."""
     bot = SlackBot(config)
+    await bot.store.call(Store.use_retention, config.retention)  # the config's log caps; prunes old runs now
     runner = web.AppRunner(web_app(bot))
     socket: list[AsyncSocketModeHandler] = []
 

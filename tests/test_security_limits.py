@@ -241,3 +241,22 @@ def test_the_store_lists_and_finds_runs_of_given_clusters_only(tmp_path: Path) -
     assert store.get_run("run-", ("a",)).id == "run-a"
     with pytest.raises(RunNotFound):
         store.get_run("run-b", ("a",))
+
+
+def test_the_caps_and_retention_are_configured_in_both_configs(tmp_path: Path) -> None:
+    from bot.config import parse_bot_config
+    from runner.config import parse_runner_config
+    from runner.toml_reader import ConfigError
+
+    keys = {"log_head_mib": 1, "log_tail_mib": 0.5, "retention_days": 7}
+    runner = parse_runner_config(
+        {"cluster": "a", "allowed_images": ["x/*"], **keys}, base=tmp_path, origin="runner.toml"
+    )
+    bot = parse_bot_config({"store": "k3.db", **keys}, base=tmp_path, origin="k3repro.toml")
+    assert runner.retention == bot.retention == Retention(1024 * 1024, 512 * 1024, 7)
+    assert parse_bot_config({}, base=tmp_path, origin="k3repro.toml").retention == Retention()
+    with pytest.raises(ConfigError, match="retention_days must be 0 or more"):
+        parse_bot_config({"retention_days": -1}, base=tmp_path, origin="k3repro.toml")
+    store = Store(tmp_path / "k3.db")
+    store.use_retention(bot.retention)
+    assert store.retention.log_tail_bytes == 512 * 1024
