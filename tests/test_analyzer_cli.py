@@ -183,7 +183,9 @@ def test_start_with_a_log_that_cannot_be_used_is_one_line_and_starts_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = tmp_path / "k3repro.toml"
-    config.write_text('store = "k3.db"\n[clusters]\n')
+    config.write_text(
+        'store = "k3.db"\n[clusters.cluster-a]\nrunners = ["127.0.0.1:9"]\nimage = "i"\nlaunch = "vllm serve m"\n'
+    )
     healthy = tmp_path / "healthy.log"
     healthy.write_text("(APIServer pid=1) INFO 05-12 02:46:01 [api_server.py:1] Application startup complete.\n")
     cases = [

@@ -198,14 +198,16 @@ def test_cli_export_and_import_and_their_refusals(
 ) -> None:
     _store(tmp_path / "a.db").close()
     for name in ("a", "b"):
-        (tmp_path / f"{name}.toml").write_text(f'store = "{name}.db"\n[clusters]\n')
+        (tmp_path / f"{name}.toml").write_text(
+            f'store = "{name}.db"\n[clusters.cluster-a]\nrunners = ["127.0.0.1:9"]\nimage = "i"\nlaunch = "vllm serve m"\n'
+        )
     file = tmp_path / "case.tar.gz"
     assert main(["--config", str(tmp_path / "a.toml"), "bundle", "export", "20261130-09", "-o", str(file)]) == 0
     assert "sha256" in capsys.readouterr().out
     assert main(["--config", str(tmp_path / "a.toml"), "bundle", "export", "20261130-09", "-o", str(file)]) == 2
     assert capsys.readouterr().err.strip().endswith("exists; not overwritten")
     assert main(["--config", str(tmp_path / "a.toml"), "bundle", "export", "nope", "-o", str(tmp_path / "x")]) == 2
-    assert capsys.readouterr().err.strip() == "k3repro: no run 'nope"
+    assert capsys.readouterr().err.strip() == "k3repro: no run 'nope'"
     assert main(["--config", str(tmp_path / "b.toml"), "bundle", "import", str(file)]) == 0
     assert "every member verified" in capsys.readouterr().out
     assert Store(tmp_path / "b.db").get_run("20261130-090000-abcd").cluster == "cluster-a"

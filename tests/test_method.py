@@ -351,7 +351,9 @@ async def test_show_json_carries_the_run_report_of_any_run(
     async with bot_core(certs, tmp_path, runner) as core:
         started = await finished_run(core)
         events = await core.store.call(Store.events, started.run_id)
-    (tmp_path / "k3.toml").write_text(f'store = "{tmp_path / "k3.db"}"\n[clusters]\n')
+    (tmp_path / "k3.toml").write_text(
+        f'store = "{tmp_path / "k3.db"}"\n[clusters.cluster-a]\nrunners = ["127.0.0.1:9"]\nimage = "i"\nlaunch = "vllm serve m"\n'
+    )
     capsys.readouterr()
     assert main(["--config", str(tmp_path / "k3.toml"), "show", started.run_id, "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)

@@ -325,7 +325,9 @@ def test_import_reads_the_stream_not_the_size_it_claims(tmp_path: Path) -> None:
 def test_cli_import_of_a_hostile_file_is_one_line_and_exit_2(
     tmp_path: Path, what: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (tmp_path / "k3.toml").write_text('store = "k3.db"\n[clusters]\n')
+    (tmp_path / "k3.toml").write_text(
+        'store = "k3.db"\n[clusters.cluster-a]\nrunners = ["127.0.0.1:9"]\nimage = "i"\nlaunch = "vllm serve m"\n'
+    )
     manifest, members = _members(tmp_path)
     files = {
         "dir": tmp_path,

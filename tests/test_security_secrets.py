@@ -240,7 +240,9 @@ async def test_no_planted_secret_reaches_store_journal_bundle_slack_or_terminal(
     for run in runs:
         bundles += _bundle_members(export_bundle(Store(tmp_path / "k3.db"), run.id).to_bytes())
         for args in (["show", run.id], ["show", run.id, "--logs"], ["show", run.id, "--json"], ["runs"]):
-            (tmp_path / "k3.toml").write_text(f'store = "{tmp_path / "k3.db"}"\n[clusters]\n')
+            (tmp_path / "k3.toml").write_text(
+                f'store = "{tmp_path / "k3.db"}"\n[clusters.cluster-a]\nrunners = ["127.0.0.1:9"]\nimage = "i"\nlaunch = "vllm serve m"\n'
+            )
             assert main(["--config", str(tmp_path / "k3.toml"), *args]) == 0
     printed = capsys.readouterr()
     slack = (

@@ -26,7 +26,9 @@ async def _run(certs: DevCerts, tmp_path: Path, scenario: str) -> str:
         started = await Coordinator(config, store).start("cluster-a", "U1")
         await Coordinator(config, store).follow(started, _ignore)
         store.close()
-    (tmp_path / "k3.toml").write_text(f'store = "{tmp_path / "k3.db"}"\n[clusters]\n')
+    (tmp_path / "k3.toml").write_text(
+        f'store = "{tmp_path / "k3.db"}"\n[clusters.cluster-a]\nrunners = ["127.0.0.1:9"]\nimage = "i"\nlaunch = "vllm serve m"\n'
+    )
     return started.run_id
 
 
