@@ -402,11 +402,15 @@ def verdict_blocks(run_id: str, cluster: str, finished: Finished, minimal: str =
     """The run's last message; a minimize run's (`minimal`: its result) ends with the command that fails."""
     status, decision = finished.status, finished.decision
     title = f"*Verdict: {escaped(decision)}*" if decision else f"*Run {escaped(status)}*"
+    if minimal and not decision and status == "completed":
+        title = "*Minimize result*"
     mark = DECISION_MARK.get(decision) or RUN_MARK.get(status, "•")
     where = f" on *{escaped(cluster)}*" if cluster else ""
     blocks = [section(f"{mark} {title} · run `{escaped(run_id)}`{where}", "verdict")]
     if finished.headline:
         blocks.append(section(f"*{escaped(finished.headline)}*", "verdict_line"))
+    if minimal and finished.summary == "every stage succeeded":  # the result below says what it found
+        return blocks + minimal_blocks(minimal)
     if finished.summary:
         blocks.append(section(escaped_but_mentions(finished.summary)))
     reasons = [reason for reason in finished.reasons if reason != finished.summary]

@@ -63,7 +63,7 @@ def _check_isolation_files(config_file: Path, isolation: IsolationConfig) -> Non
 async def resume_all(config_file: Path) -> int:
     """Follows every run the store holds as active until each ends (what a restarted bot does first)."""
     config = checked_config(config_file, slack=False)
-    store = AsyncStore(config.store)
+    store = AsyncStore(config.store, config.retention)
     try:
         return 0 if await resume_runs(Coordinator(config, store)) else 1
     finally:

@@ -103,7 +103,7 @@ class RunnerDaemon:
             _check_pem(config.tls.cert, config.tls.key, config.tls.client_ca)
         self._lock = _lock_state_dir(config.state_dir)
         try:
-            self.journal = Journal(config.journal_path)
+            self.journal = Journal(config.journal_path, config.retention)
         except sqlite3.Error as exc:
             self._lock.close()
             raise DaemonStartError(f"cannot open the journal {config.journal_path}: {exc}") from None

@@ -216,6 +216,9 @@ async def test_the_minimize_button_starts_a_run_with_its_own_thread(
     assert any("--enable-prefix-caching" in t and "1 of" in t for t in thread)
     told = [block_text(m) for m in api.thread(card["ts"])]
     assert any(f"minimize run `{minimize_run}` started by <@U-OPS>" in t for t in told)
+    # its result reaches the original's thread (and, broadcast, the channel), not "every stage succeeded"
+    assert any("1-minimal failing command" in t and "--enable-prefix-caching" in t for t in told)
+    assert "Minimize result" in block_text(last) and "every stage succeeded" not in block_text(last)
     refused = api.called("chat.postEphemeral")[-1].body["text"]
     assert "not an operator" in refused and len(store.runs()) == 2
     actions = [(e.actor, e.action) for e in reversed(store.audit_entries())]

@@ -13,8 +13,10 @@ from bot.bundle import bounded_json, too_deep
 from bot.store import RunNotFound, Store
 from bot.web import serving
 from protos import runner_pb2 as pb
+from runner.config import parse_runner_config
+from runner.daemon import RunnerDaemon
 from runner.journal import Journal, Retention, log_bytes
-from tests.k3fixtures import bot_config
+from tests.k3fixtures import bot_config, runner_data
 from tests.slack_api import SlackApi, command_body, post, signed, slack_config
 
 LINE = "x" * 99  # 100 bytes a line with its newline
@@ -260,3 +262,14 @@ def test_the_caps_and_retention_are_configured_in_both_configs(tmp_path: Path) -
     store = Store(tmp_path / "k3.db")
     store.use_retention(bot.retention)
     assert store.retention.log_tail_bytes == 512 * 1024
+
+
+def test_the_runner_and_the_bot_apply_their_configured_retention(tmp_path: Path) -> None:
+    data = {**runner_data(None, tmp_path / "runner"), "log_head_mib": 1, "log_tail_mib": 2, "retention_days": 0}
+    daemon = RunnerDaemon(parse_runner_config(data, base=tmp_path, origin="runner.toml"))
+    try:
+        assert daemon.journal.retention == daemon.config.retention
+        assert daemon.config.retention.retention_days == 0
+    finally:
+        daemon.journal.close()
+        daemon._lock.close()

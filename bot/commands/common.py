@@ -37,7 +37,7 @@ def operator() -> str:
 @asynccontextmanager
 async def coordinator(config: BotConfig) -> AsyncIterator[Coordinator]:
     check_tls(config.tls)
-    store = AsyncStore(config.store)
+    store = AsyncStore(config.store, config.retention)
     try:
         yield Coordinator(config, store)
     finally:

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bot import blocks, timeline
-from bot.blocks import Message
+from bot.blocks import MINIMAL, Message
 from bot.bundle import BundleError, export_bundle
 from bot.consumer import EventCallback, RunLost, RunRefused
 from bot.coordinator import Coordinator, StartedRun
@@ -191,6 +191,11 @@ class Threads:
             await self._post_message(view, channel, key, blocks.stage_result(view, fact))
         elif isinstance(fact, Finished):
             await self._post_message(view, channel, key, blocks.verdict(view, fact), reply_broadcast=True)
+            if view.minimize_of and MINIMAL in view.artifacts:  # the original's thread gets the result too
+                post = await self._poster(view.minimize_of, channel)
+                result = blocks.minimal_blocks(view.artifacts[MINIMAL])
+                text = f"🔬 minimize run {view.run_id}: the 1-minimal failing command"
+                await post(f"{view.minimize_of}:minimized:{view.run_id}", blocks.fit(text, result))
         if isinstance(fact, REFRESH_ON):
             await self._refresh(view, channel)
         if isinstance(fact, Finished):  # once the final card is queued: drawing must not hold "completed" back
