@@ -264,7 +264,7 @@ def test_the_caps_and_retention_are_configured_in_both_configs(tmp_path: Path) -
     assert store.retention.log_tail_bytes == 512 * 1024
 
 
-def test_the_runner_and_the_bot_apply_their_configured_retention(tmp_path: Path) -> None:
+async def test_the_runner_and_the_bot_apply_their_configured_retention(tmp_path: Path) -> None:
     data = {**runner_data(None, tmp_path / "runner"), "log_head_mib": 1, "log_tail_mib": 2, "retention_days": 0}
     daemon = RunnerDaemon(parse_runner_config(data, base=tmp_path, origin="runner.toml"))
     try:
