@@ -36,6 +36,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from bot import timeline
+from bot.handoff import handoff, linked
 from bot.ids import new_run_id
 from bot.record import LadderStep, RunRecord, StageResult, image_digest
 from bot.report import report
@@ -195,6 +196,7 @@ def export_bundle(store: Store, run_id: str, ended: tuple[str, str | None] | Non
     }
     for source, text in record.log_texts().items():
         members[f"logs/{source.replace('/', '-')}.log"] = text.encode()
+    members["report.md"] = handoff(run, record, linked(store, run)).encode()  # the hand-off report (bot/handoff.py)
     if "sim_scenario" in artifacts:
         members["scenario.toml"] = artifacts["sim_scenario"].encode()
     members = {name: _redacted(name, data) for name, data in members.items()}

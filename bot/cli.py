@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "note": ("note", "add to a cluster's change log (time + what changed)"),
     "rerun": ("rerun", "rerun a run's frozen case on an isolated node; prints the verdict"),
     "minimize": ("minimize", "shrink a run's flags to a 1-minimal set that fails the same way (a run of its own)"),
+    "report": ("report", "write a run's hand-off report: one Markdown document to act on"),
     "bundle": ("bundle", "export or import a run's frozen bundle (tar.gz with a sha256 manifest)"),
     "demo": ("demo", "run the embedded demo end to end on this machine"),
     "dev-certs": ("dev_certs", "write a local CA plus runner and bot certificates (not for production)"),
