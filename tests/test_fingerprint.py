@@ -19,7 +19,7 @@ from runner.nvml import GpuInfo, NvmlView, PynvmlSource
 HF = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz012345"
 CONTRACT = {
     "schema", "captured_at", "host", "nvml", "image", "runtime", "env", "launch", "request", "changes",
-    "deployment_error", "sha256",
+    "deployment_error", "caches", "sha256",
 }  # fmt: skip
 
 

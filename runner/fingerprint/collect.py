@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from runner.fingerprint.caches import caches_section
 from runner.fingerprint.document import SCHEMA, rules, seal
 from runner.fingerprint.image import DockerUnavailable, docker_client, inspect_image, probe_image, unavailable_image
 from runner.fingerprint.probe import run_python_probe, runtime_section
@@ -112,6 +113,10 @@ def collect(
         "image": image,
         "runtime": runtime,
         "env": relevant_env(os.environ if environ is None else environ, redact),
+        # each cache vLLM and its libraries keep on this host (runner/data/caches.toml): where, how much, an index hash
+        "caches": caches_section(
+            os.environ if environ is None else environ, redact, image=isinstance(target, ImageTarget)
+        ),
         "launch": {"argv": redact.argv(list(argv))},
         "request": request.section(redact) if request else None,
         "changes": [{"at": c.at, "what": redact.line(c.what), "by": c.by} for c in changes],

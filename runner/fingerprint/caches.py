@@ -1,0 +1,178 @@
+"""The caches in the scene: where each cache vLLM and its libraries use lives on this host, and what is in it.
+
+The list is runner/data/caches.toml. Each cache is walked with a cap on entries and on time, in sorted order
+(so a cap cuts at the same place twice), never following a symlink and never opening a file: what is recorded
+is its location, total size, entry count, newest entry's mtime and the sha256 of its sorted index of relative
+paths and sizes, so two scenes with different cache contents differ (`k3repro diff`). These are the host's
+paths: with the docker backend the engine's caches live inside the container (or its mounts), which this
+section does not see; it says so (`"host": true` and a note).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import hashlib
+import os
+import re
+import stat
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from runner.redact import Redactor
+from runner.toml_reader import TomlReader, read_toml
+
+MAX_ENTRIES = 20_000  # per cache: a compile cache has thousands; past this the walk stops and says so
+MAX_SECONDS = 1.5  # per cache: a slow or huge filesystem must not hold the freeze
+_VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    name: str
+    env: str
+    defaults: tuple[str, ...]
+
+
+@cache
+def cache_specs() -> tuple[CacheSpec, ...]:
+    path = Path(str(resources.files("runner.data").joinpath("caches.toml")))
+    data = read_toml(path)
+    specs = []
+    for index, table in enumerate(data.get("cache") or []):
+        reader = TomlReader(table, f"{path} cache #{index + 1}")
+        specs.append(CacheSpec(reader.text("name"), reader.text("env"), tuple(reader.texts("defaults"))))
+    return tuple(specs)
+
+
+def location(spec: CacheSpec, environ: Mapping[str, str]) -> tuple[str | None, str]:
+    """(path, how it was found: the env var's name or "default"); (None, why) when no default can be spelt."""
+    if environ.get(spec.env):
+        return _expand(environ[spec.env], environ), spec.env
+    for default in spec.defaults:
+        path = _expand(default, environ)
+        if path is not None:
+            return path, "default"
+    return None, "default"
+
+
+def _expand(template: str, environ: Mapping[str, str]) -> str | None:
+    """`~` and `$VAR`/`${VAR}` from `environ` ($HOME and $USER of this process when it has none); None when a
+    variable is unset."""
+    values = dict(environ)
+    values.setdefault("HOME", os.path.expanduser("~"))
+    if "USER" not in values:
+        with contextlib.suppress(KeyError, OSError):
+            values["USER"] = getpass.getuser()
+    if template == "~" or template.startswith("~/"):
+        template = "$HOME" + template[1:]
+    missing = [
+        m.group(1) or m.group(2) for m in _VARIABLE.finditer(template) if not values.get(m.group(1) or m.group(2))
+    ]
+    if missing:
+        return None
+    return _VARIABLE.sub(lambda m: values[m.group(1) or m.group(2)], template)
+
+
+def survey(path: str, *, max_entries: int = MAX_ENTRIES, max_seconds: float = MAX_SECONDS) -> dict[str, Any]:
+    """What a cache folder holds, walked without following symlinks or reading any file."""
+    result: dict[str, Any] = {
+        "exists": False,
+        "size_bytes": None,
+        "entries": None,
+        "newest_mtime": None,
+        "index_sha256": None,
+        "truncated": None,  # "entries" / "time" when the walk stopped at its cap
+        "error": None,
+    }
+    try:
+        top = os.lstat(path)
+    except FileNotFoundError:
+        return result
+    except OSError as exc:
+        return {**result, "error": exc.strerror or str(exc)}
+    if not stat.S_ISDIR(top.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(top.st_mode) else "not a directory"
+        return {**result, "exists": True, "error": f"{kind}; not walked"}
+    index = hashlib.sha256()
+    size = entries = 0
+    newest = 0.0
+    truncated: str | None = None
+    unreadable = 0
+    deadline = time.monotonic() + max_seconds
+    pending = [""]  # relative folders still to list, walked depth-first in sorted order
+    while pending and truncated is None:
+        folder = pending.pop()
+        try:
+            with os.scandir(os.path.join(path, folder)) as listing:
+                found = sorted(listing, key=lambda e: e.name)
+        except OSError:
+            unreadable += 1
+            continue
+        below = []
+        for entry in found:
+            if entries >= max_entries:
+                truncated = "entries"
+                break
+            if time.monotonic() > deadline:
+                truncated = "time"
+                break
+            relative = f"{folder}/{entry.name}" if folder else entry.name
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                unreadable += 1
+                continue
+            entries += 1
+            newest = max(newest, info.st_mtime)
+            if stat.S_ISDIR(info.st_mode):
+                below.append(relative)
+                index.update(f"{relative}/\n".encode("utf-8", "surrogateescape"))
+                continue
+            length = info.st_size if stat.S_ISREG(info.st_mode) else 0
+            size += length
+            index.update(f"{relative}\t{length}\n".encode("utf-8", "surrogateescape"))
+        pending.extend(reversed(below))
+    return {
+        **result,
+        "exists": True,
+        "size_bytes": size,
+        "entries": entries,
+        "newest_mtime": datetime.fromtimestamp(newest, UTC).isoformat(timespec="seconds") if entries else None,
+        "index_sha256": index.hexdigest(),
+        "truncated": truncated,
+        "error": f"{unreadable} folder(s) or entries could not be read" if unreadable else None,
+    }
+
+
+def caches_section(environ: Mapping[str, str], redact: Redactor, *, image: bool = False) -> dict[str, Any]:
+    """The fingerprint's `caches`: each cache's location on this host and what it holds."""
+    found = []
+    for spec in cache_specs():
+        path, source = location(spec, environ)
+        entry: dict[str, Any] = {"name": spec.name, "env": spec.env, "from": source, "path": None}
+        if path is None:
+            found.append({**entry, **survey(""), "error": "no location: its variables are unset"})
+            continue
+        found.append({**entry, "path": redact.line(path), **survey(path)})
+    note = "the host's paths only"
+    if image:
+        note += "; the engine runs in a container, whose own caches (inside the image or its mounts) are not recorded"
+    return {"host": True, "note": note, "caches": found}
+
+
+def summary(entry: dict[str, Any] | None) -> str:
+    """One cache in a few words, for `k3repro diff`."""
+    if not entry or not entry.get("exists"):
+        return "absent" if entry else "(not recorded)"
+    cut = f", cut at its {entry['truncated']} cap" if entry.get("truncated") else ""
+    return (
+        f"{entry.get('path')}: {entry.get('entries')} entries, {entry.get('size_bytes')} bytes, newest "
+        f"{entry.get('newest_mtime')}, index {str(entry.get('index_sha256'))[:12]}{cut}"
+    )
