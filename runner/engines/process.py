@@ -65,6 +65,19 @@ class ProcessEngine:
     def returncode(self) -> int | None:
         return self._process.returncode
 
+    def owns(self, pid: int) -> bool:
+        """Whether `pid` is this launch's: in its process group, or carrying its marker (left it by setsid)."""
+        with contextlib.suppress(OSError, ProcessLookupError):
+            if os.getpgid(pid) == self._process.pid:
+                return True
+        if not self._marker:
+            return False
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                return f"{LAUNCH_ENV}={self._marker}".encode() in handle.read().split(b"\0")
+        except OSError:
+            return False
+
     @property
     def image_id(self) -> str:
         return ""  # no container: the install on the host is what runs

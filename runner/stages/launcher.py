@@ -10,7 +10,7 @@ import aiohttp
 
 from protos import runner_pb2 as pb
 from runner.analyzer import ErrorFinding
-from runner.ports import free_port
+from runner.ports import PortReservation, listener_pids, process_line, reserve_port
 from runner.redact import redactor
 from runner.stages.context import Attempt, RunContext
 from runner.stages.log_follower import LogFollower
@@ -25,6 +25,8 @@ DRAIN_S = 5.0  # how long a stopped engine's output gets to end
 # to reach the log: vLLM often does not exit on SIGTERM after a start-up failure, and the grace period is
 # GPU time spent on an engine that is already dead.
 FAILED_STOP_S = 1.0
+# The port each live launch holds (runner/ports.py), by RunContext id: held for the engine's life, freed by release.
+_reserved: dict[int, PortReservation] = {}
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,8 @@ async def launch(ctx: RunContext, command: ServeCommand, source: str) -> Launch:
     command, used = planned(ctx, command)
     source = f"{source}/proxy" if used else source
     host = ctx.config.engine.launch_host
-    port = free_port(host)
+    reservation = _reserved[id(ctx)] = await asyncio.to_thread(reserve_port, host)
+    port = reservation.port
     launched = command.with_flag("--host", host).with_flag("--port", str(port))
     line = shell_line(launched)
     ctx.launches += 1
@@ -81,6 +84,7 @@ async def launch(ctx: RunContext, command: ServeCommand, source: str) -> Launch:
         ctx.engine = await asyncio.shield(starting)
     except asyncio.CancelledError:  # cancelled while the engine was starting: stop what it started, then go
         await (await starting).stop(ctx.config.engine.stop_grace_s)
+        _unreserve(ctx)
         raise
     if ctx.engine.image_id:
         ctx.images.append(ctx.engine.image_id)
@@ -140,6 +144,27 @@ async def release(ctx: RunContext, grace_s: float | None = None) -> None:
     if ctx.follower is not None:
         await ctx.follower.drain(timeout_s=DRAIN_S)
     ctx.running = None
+    _unreserve(ctx)  # the engine is stopped: its port may go to another launch
+
+
+def _unreserve(ctx: RunContext) -> None:
+    if (reservation := _reserved.pop(id(ctx), None)) is not None:
+        reservation.release()
+
+
+def foreign_listener(engine: object, port: int) -> str:
+    """Who other than `engine` serves `port`, in one line ("" when it is the engine's, or /proc cannot tell).
+
+    The owner of the listening socket is read from /proc (net/tcp's inode, then the fds holding it) and matched
+    against the engine's processes; a backend whose engine cannot say (`owns`) is taken at its word."""
+    owns = getattr(engine, "owns", None)
+    pids = listener_pids(port)
+    if owns is None or not pids:
+        return ""
+    if any(owns(pid) for pid in pids):
+        return ""
+    pid = min(pids)
+    return f"port {port} is served by pid {pid} ({process_line(pid)}), not by this launch's engine: not probed"
 
 
 async def _until_ready(ctx: RunContext, follower: LogFollower) -> tuple[bool, str, Attempt | None]:
@@ -166,6 +191,10 @@ async def _until_ready(ctx: RunContext, follower: LogFollower) -> tuple[bool, st
                 hang = await follower.hang(stall)
                 return False, f"failed in {hang.phase} ({hang.category}): {hang.line}", None
             if await healthy(http, ctx.base_url):
+                port = int(ctx.base_url.rsplit(":", 1)[1])
+                if foreign := await asyncio.to_thread(foreign_listener, ctx.engine, port):
+                    phase = follower.analyzer.phase or "container_init"
+                    return False, foreign, Attempt(phase, "other", f"port {port} served by another process")
                 return True, f"API answered at {ctx.base_url} (/health 200)", None
             if clock.now() > deadline:
                 phase = follower.analyzer.phase or "container_init"
