@@ -7,8 +7,11 @@ from runner.analyzer.rules import Rules
 
 
 def normalize(rules: Rules, message: str) -> str:
-    """The message with timestamps, paths, addresses, hex, pids, ranks and numbers replaced (rules.toml)."""
-    text = message
+    """The message with timestamps, paths, addresses, hex, pids, ranks and numbers replaced (rules.toml).
+
+    Read as far as the longest message the analyzer signs (a line and the line that names its cause, each cut
+    at line.max_chars): a longer text (a server's error answer the stages sign) costs no more than that."""
+    text = message[: 2 * rules.line.max_chars + 1]
     for pattern, replacement in rules.signature_replace:
         text = pattern.sub(replacement, text)
     return text.strip()[: rules.signature_max_chars]
