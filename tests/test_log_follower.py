@@ -15,7 +15,7 @@ import pytest
 from protos import runner_pb2 as pb
 from runner.clock import Clock
 from runner.engines.process import ProcessEngine
-from runner.stages.log_follower import ERROR_WAIT_S, LogFollower
+from runner.stages.log_follower import ACCESS_LINE, ERROR_WAIT_S, LogFollower
 
 WARNING = "(APIServer pid=7) WARNING 12-03 10:00:00 [serving.py:1] the request asked for a removed field"
 ACCESS = 'INFO:     127.0.0.1:5000 - "POST /v1/chat/completions HTTP/1.1" 200 OK'
@@ -120,3 +120,12 @@ def _alive(pid: int) -> bool:
     with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as stat:
         return stat.read().split(") ")[1][0] != "Z"  # a zombie waiting for its parent's wait() is gone
     return False
+
+
+def test_the_access_line_pattern_is_linear_on_a_long_line() -> None:
+    """A 64 KiB line of non-spaces after `"GET /` (what an engine pump may hand over) is read in linear time."""
+    started = time.process_time()
+    assert ACCESS_LINE.search('"GET /' + "x" * 65536) is None
+    assert time.process_time() - started < 0.1
+    found = ACCESS_LINE.search('INFO:     127.0.0.1:5 - "POST /v1/chat/completions?x=1 HTTP/1.1" 200 OK')
+    assert found is not None and (found["path"], found["status"]) == ("/v1/chat/completions", "200")

@@ -25,7 +25,8 @@ LINE_OVERHEAD_BYTES = 8  # what a line costs in a LogChunk besides its text (its
 ERROR_WAIT_S = 3.0  # after a failed answer, how long the engine's log gets to show why (a limit)
 # uvicorn's access line, written on stdout as the response starts, after every line vLLM (also on stdout) logged
 # for the request: once it has been read, so have they (reference/vllm.md §2)
-ACCESS_LINE = re.compile(r'"[A-Z]+ (?P<path>[^ ?"]+)\S* HTTP/[\d.]+" (?P<status>\d{3})')
+# possessive: a long line of non-spaces after a `"GET /` must not be re-scanned from every split (linear)
+ACCESS_LINE = re.compile(r'"[A-Z]+ (?P<path>[^ ?"]++)\S*+ HTTP/[\d.]+" (?P<status>\d{3})')
 
 
 class LogFollower:
