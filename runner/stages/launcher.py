@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+import time
 from dataclasses import dataclass, replace
 
 import aiohttp
@@ -25,6 +26,11 @@ DRAIN_S = 5.0  # how long a stopped engine's output gets to end
 # to reach the log: vLLM often does not exit on SIGTERM after a start-up failure, and the grace period is
 # GPU time spent on an engine that is already dead.
 FAILED_STOP_S = 1.0
+# On a scaled clock (the simulator's) the engine's time begins at its first line: before it, the host is starting a
+# process (an interpreter, its imports), which takes wall time whatever the speed, and seconds of it when many
+# launches start at once on a loaded host. So a scaled launch gets this long of the wall clock (or the stall limit,
+# if longer) to write its first line, and its stall and ready limits count from that line.
+PROCESS_START_WALL_S = 30.0
 # The port each live launch holds (runner/ports.py), by RunContext id: held for the engine's life, freed by release.
 _reserved: dict[int, PortReservation] = {}
 
@@ -170,8 +176,13 @@ def foreign_listener(engine: object, port: int) -> str:
 async def _until_ready(ctx: RunContext, follower: LogFollower) -> tuple[bool, str, Attempt | None]:
     engine_config, clock = ctx.config.engine, ctx.clock
     deadline = clock.now() + clock.limit(engine_config.ready_timeout_s)
+    launched_at, begun = time.monotonic(), clock.speed == 1  # the wall clock's start-up is the engine's own time
+    start_wall_s = max(PROCESS_START_WALL_S, clock.wall(clock.limit(engine_config.stall_timeout_s)))
     async with aiohttp.ClientSession() as http:
         while True:
+            if not begun and (follower.lines_read or time.monotonic() - launched_at > start_wall_s):
+                begun = True  # the engine's clock starts now (at its first line, or when its start-up ran out)
+                deadline = clock.now() + clock.limit(engine_config.ready_timeout_s)
             if follower.first_error.done():
                 error = follower.first_error.result()
                 return False, f"failed in {error.phase} ({error.category}): {error.line}", None
@@ -186,7 +197,9 @@ async def _until_ready(ctx: RunContext, follower: LogFollower) -> tuple[bool, st
                     f"engine exited with code {code} before the API answered; last line: {last}",
                     Attempt(phase, "other", f"exit {code} in {phase}"),
                 )
-            stall = follower.analyzer.stalled(clock.now(), clock.limit(engine_config.stall_timeout_s))
+            stall = (
+                follower.analyzer.stalled(clock.now(), clock.limit(engine_config.stall_timeout_s)) if begun else None
+            )
             if stall is not None:
                 hang = await follower.hang(stall)
                 return False, f"failed in {hang.phase} ({hang.category}): {hang.line}", None
@@ -196,7 +209,7 @@ async def _until_ready(ctx: RunContext, follower: LogFollower) -> tuple[bool, st
                     phase = follower.analyzer.phase or "container_init"
                     return False, foreign, Attempt(phase, "other", f"port {port} served by another process")
                 return True, f"API answered at {ctx.base_url} (/health 200)", None
-            if clock.now() > deadline:
+            if begun and clock.now() > deadline:
                 phase = follower.analyzer.phase or "container_init"
                 return (
                     False,

@@ -61,6 +61,11 @@ class LogFollower:
             self._stop_line = self._fed
 
     @property
+    def lines_read(self) -> int:
+        """Lines the analyzer has been given (its progress times count from the latest)."""
+        return self._fed
+
+    @property
     def ended(self) -> bool:
         """True once the engine closed its output (it exited)."""
         return self._task.done()
