@@ -43,7 +43,9 @@ def test_json_contract(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     log.write_text(LOG)
     assert run(str(log), as_json=True) == 0
     out = json.loads(capsys.readouterr().out)
-    assert list(out) == ["phase", "first_error", "category", "secondary_oom", "hint", "phases_seen", "signature"]
+    keys = ["phase", "first_error", "category", "secondary_oom", "hint", "phases_seen", "signature", "phase_from"]
+    assert list(out) == [*keys, "confidence"]
+    assert (out["phase_from"], out["confidence"]) == ("frames", "high")
     assert out["phase"] == "gpu_detect"
     assert out["first_error"] == {"line": ROOT, "lineno": 5}
     assert out["category"] == "nccl_comm"
@@ -58,7 +60,12 @@ def test_human_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     log.write_text(LOG)
     assert run(str(log)) == 0
     out = capsys.readouterr().out
-    for expected in ("phase:         gpu_detect", "category:      nccl_comm", f"line 5: {ROOT}", "secondary OOM: no"):
+    for expected in (
+        "phase:         gpu_detect (from frames)",
+        "category:      nccl_comm",
+        f"line 5: {ROOT}",
+        "secondary OOM: no",
+    ):
         assert expected in out
     assert "hint:" in out and f"  > {ROOT}" in out and "init_worker_distributed_environment" in out
 
@@ -70,7 +77,9 @@ def test_explain_says_why_this_line_phase_and_category(tmp_path: Path, capsys: p
     assert main(["analyze", "--explain", str(log)]) == 0
     why = capsys.readouterr().out.split("\nwhy:\n")[1].splitlines()
     assert why[0] == "  line: the earliest error a root rule names (nccl)"
-    assert why[1].startswith("  phase: gpu_detect: traceback frame File ") and why[1].endswith("in init_device")
+    assert why[1].startswith("  phase: gpu_detect (from frames): traceback frame File ") and why[1].endswith(
+        "in init_device"
+    )
     assert why[2] == "  category: nccl_comm: rule nccl"
     assert why[3] == f"  wrapper passed over: line 6 (engine_core_init_failed): {wrapper}"
     assert run(str(log), as_json=True, explain=True) == 0

@@ -45,8 +45,18 @@ PIECES = [
 
 def check_contract(result: Analysis, source: str | None = None) -> None:
     out: dict[str, Any] = result.to_json()
-    assert list(out) == ["phase", "first_error", "category", "secondary_oom", "hint", "phases_seen", "signature"]
-    assert out["phase"] is None or out["phase"] in PHASES
+    assert list(out) == [
+        "phase",
+        "first_error",
+        "category",
+        "secondary_oom",
+        "hint",
+        "phases_seen",
+        "signature",
+        "phase_from",
+        "confidence",
+    ]
+    assert out["phase"] is None or out["phase"] in [*PHASES, ""]  # "": unknown (phase_from "unknown")
     assert out["category"] is None or out["category"] in CATEGORIES
     assert isinstance(out["secondary_oom"], bool) and isinstance(out["signature"], str)
     assert all(phase in PHASES for phase in out["phases_seen"])

@@ -58,7 +58,7 @@ FRAMES = {
 def test_frames_place_an_excerpt_without_markers(case: str) -> None:
     error = first(traceback(W, FRAMES[case], "RuntimeError: something went wrong in here"))
     assert error.phase == case.partition(":")[0]
-    assert any(reason.startswith(f"phase: {error.phase}: traceback frame") for reason in error.why)
+    assert any(reason.startswith(f"phase: {error.phase} (from frames): traceback frame") for reason in error.why)
 
 
 def test_argument_validation_frames_are_gpu_detect() -> None:

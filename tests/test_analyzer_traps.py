@@ -135,7 +135,7 @@ def test_free_memory_less_than_desired_is_a_secondary_oom_at_gpu_detect() -> Non
         "Decrease GPU memory utilization or reduce GPU memory used by other processes."
     )
     result = analyze_text(line)
-    assert result.to_json() | {"hint": None, "signature": None} == {
+    assert result.to_json() | {"hint": None, "signature": None, "phase_from": None, "confidence": None} == {
         "phase": "gpu_detect",
         "first_error": {"line": line, "lineno": 1},
         "category": "oom",
@@ -143,6 +143,8 @@ def test_free_memory_less_than_desired_is_a_secondary_oom_at_gpu_detect() -> Non
         "hint": None,
         "phases_seen": [],
         "signature": None,
+        "phase_from": None,
+        "confidence": None,
     }
     assert "other or leftover processes" in (result.first_error.hint if result.first_error else "")
 
@@ -291,6 +293,8 @@ def test_harmless_error_lines_keep_a_healthy_log_healthy() -> None:
         "hint": None,
         "phases_seen": ["gpu_detect", "weight_load", "engine_init", "api_listen"],
         "signature": "",
+        "phase_from": None,
+        "confidence": None,
     }
 
 

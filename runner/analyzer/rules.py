@@ -142,6 +142,9 @@ class Rules:
     frame_gate: re.Pattern[str]
     context_frame_gate: re.Pattern[str]  # the contexts' frames
     scan: ScanSyntax | None  # None when some pattern has no literal: whole-file analysis reads every line
+    # Evidence of the phase in an error's own lines when no marker, frame or module places it ([defaults]).
+    request_evidence: re.Pattern[str] | None = None
+    serving_seq: int = 100
 
     def category_hint(self, category: str) -> str:
         return self.hints.get(category, self.hints.get("other", ""))
@@ -336,7 +339,8 @@ def parse_rules(data: Mapping[str, Any], origin: str = "rules.toml") -> Rules:
     return Rules(
         line=syntax,
         traceback=traceback,
-        default_phase=_required_phase(defaults, "phase"),
+        # "" (unknown): an error nothing in the log places is reported without a phase, never a guessed one.
+        default_phase="" if defaults.text("phase") == "" else _required_phase(defaults, "phase"),
         default_category=_check_id(defaults.text("category"), CATEGORIES, "category", "defaults.category") or "",
         category_by_phase=_phase_map(defaults, "category_by_phase"),
         markers=markers,
@@ -355,6 +359,12 @@ def parse_rules(data: Mapping[str, Any], origin: str = "rules.toml") -> Rules:
         frame_gate=gate((h.pattern for h in frame_hints), "frame gate"),
         context_frame_gate=gate((c.frames for c in contexts if c.frames), "context frame gate"),
         scan=scan,
+        request_evidence=(
+            _compile(defaults.text("request_evidence"), "defaults.request_evidence")
+            if "request_evidence" in defaults.data
+            else None
+        ),
+        serving_seq=defaults.integer("serving_seq") if "serving_seq" in defaults.data else 100,
     )
 
 

@@ -72,6 +72,13 @@ class ErrorFinding:
     hint: str
     during: str = ""  # the log stretch it happened in (rules.toml [[context]], e.g. "cudagraph_capture")
     why: tuple[str, ...] = ()  # what chose this line, phase and category (`k3repro analyze --explain`)
+    # What placed the phase: "marker" (the log's phase lines), "frames", "module" (the logger's call site),
+    # "request_id", "collective_seq", "rule" (only one phase is possible, or where the rule's error happens),
+    # "serving" (after readiness), "unknown" (phase "": nothing places it; the analyzer does not guess).
+    phase_from: str = ""
+    # False when the log does not show the exception itself (a traceback cut before its exception line): the
+    # line is the traceback's header or last frame, and the category comes from what the frames show.
+    confident: bool = True
 
 
 @dataclass(frozen=True)
@@ -118,6 +125,7 @@ class _Candidate:
     cause: str = ""  # the continuation line that names the cause (the rule's cause_follows)
     after: list[str] = field(default_factory=list)
     reserved: bool = False  # a header waiting for its traceback to end
+    cut: bool = False  # a traceback that ends (the log ends) before its exception line
 
 
 @dataclass(slots=True)
@@ -133,6 +141,9 @@ class _Stream:
     pending: _Candidate | None = None  # a generic exception whose message may continue
     unplaced: _Candidate | None = None  # an exception no frame placed, waiting for a chained traceback
     message_lines: int = 0
+    last_frame: LogLine | None = None  # the traceback's last `File "…"` line (names a cut traceback's failure)
+    last_frame_no: int = 0
+    last_frame_run_phase: str | None = None
 
 
 class StreamAnalyzer:
@@ -373,6 +384,8 @@ class StreamAnalyzer:
             if stream.header is not None:
                 self._add_weak(stream.header)
                 stream.header = None
+            if self._first_error is None and not self._stopped_at:
+                self._cut_traceback(stream)
         if self._first_error is None:
             if self._best is None and self._weak:
                 self._best = min(self._weak, key=lambda c: c.line_no)
@@ -380,6 +393,32 @@ class StreamAnalyzer:
                 self._best = self._wrapper
             self._maybe_emit(out)
         return out
+
+    def _cut_traceback(self, st: _Stream) -> None:
+        """The log ended inside a traceback, before its exception line (an excerpt cut short): the failure is
+        still there, named by the traceback's logged header or else its last frame, with less confidence."""
+        if st.state != _FRAMES or st.last_frame is None or st.suppress:
+            return
+        cand = st.reservation
+        if cand is None:
+            ll = st.last_frame
+            cand = _Candidate(
+                line_no=st.last_frame_no,
+                display=ll.display,
+                msg=ll.msg,
+                tier=_WEAK,
+                rule=None,
+                run_phase=st.last_frame_run_phase,
+                context=None,
+                before=(),
+                key=(ll.proc, ll.src),
+                opened_at=self._n,
+                src=ll.src,
+            )
+            self._add_weak(cand)
+        cand.cut = True
+        cand.frame_phase, cand.frame_line = st.frame_phase, st.frame_line
+        cand.frame_context = st.frame_context
 
     # -- one line -------------------------------------------------------------------------------
 
@@ -431,6 +470,8 @@ class StreamAnalyzer:
             elif st.state == _FRAMES or tb.frame.match(msg):
                 st.state = _FRAMES
                 self._frame(st, msg)
+                if tb.frame.match(msg):
+                    st.last_frame, st.last_frame_no, st.last_frame_run_phase = ll, self._n, self._run_phase()
         elif st.state == _FRAMES and tb.exception.match(msg):
             self._place(st)
             self._exception(st, ll)
@@ -719,7 +760,7 @@ class StreamAnalyzer:
         if best is None or any(c.line_no < best.line_no for c in self._open):
             return
         category, category_why = self._categorized(best)
-        phase, phase_why = self._placed(best)
+        phase, phase_why, phase_from = self._placed(best)
         hint = self._hint(best, category)
         secondary = self._secondary(best, category)
         if secondary:
@@ -744,9 +785,16 @@ class StreamAnalyzer:
             during=during,
             why=(
                 f"line: {self._chosen(best)}",
-                f"phase: {phase}: {phase_why}",
+                f"phase: {phase or 'unknown'} (from {phase_from}): {phase_why}",
                 f"category: {category}: {category_why}",
+                *(
+                    ["confidence: low: the log ends inside this traceback, before its exception line"]
+                    if best.cut
+                    else []
+                ),
             ),
+            phase_from=phase_from,
+            confident=not best.cut,
         )
         self._first_error = finding
         self._emitted = best
@@ -782,6 +830,13 @@ class StreamAnalyzer:
             return f"only a wrapper ({rule.id}{cause}) is in the log: the error it wraps is not"
         if rule is not None:
             return f"the earliest error a root rule names ({rule.id})"
+        if cand.cut:
+            named = (
+                "its logged header"
+                if cand.line_no < cand.opened_at and cand.rule is None and cand.src
+                else "its last frame"
+            )
+            return f"a traceback the log cuts before its exception line, named by {named}"
         if cand.tier == _WEAK:
             return "a logged ERROR line: the log has no exception or rule-named error"
         refined = f" (its message matches {cand.refined.id})" if cand.refined is not None else ""
@@ -790,25 +845,38 @@ class StreamAnalyzer:
     def _phase_of(self, cand: _Candidate) -> str:
         return self._placed(cand)[0]
 
-    def _placed(self, cand: _Candidate) -> tuple[str, str]:
-        """The error's phase and what placed it."""
+    def _placed(self, cand: _Candidate) -> tuple[str, str, str]:
+        """The error's phase, what placed it, and the kind of evidence (ErrorFinding.phase_from)."""
         rules = (cand.refined, cand.rule) if cand.tier == _WRAPPER else (cand.rule, cand.refined)
         for rule in rules:
             if rule is not None and rule.phase_fixed and rule.phase is not None:
-                return rule.phase, f"{rule.id} happens only there"
+                return rule.phase, f"{rule.id} happens only there", "rule"
         if cand.run_phase == "request":
-            return "request", "the server was serving (a readiness marker came before)"
+            return "request", "the server was serving (a readiness marker came before)", "marker"
         if cand.frame_phase is not None:
-            return cand.frame_phase, f"traceback frame {cand.frame_line}"
+            return cand.frame_phase, f"traceback frame {cand.frame_line}", "frames"
         module = self._module_phase(cand.src) if cand.src else None
         if module is not None:
-            return module, f"logged by {cand.src}"
+            return module, f"logged by {cand.src}", "module"
+        seq = cand.groups.get("seq") or cand.groups.get("seq2")
+        if seq is not None and seq.isdigit():
+            # A collective's sequence number counts the collectives the group had done: start-up runs a few.
+            done = int(seq)
+            if done >= self.rules.serving_seq:
+                return "request", f"collective number {done}: the engine had been running collectives", "collective_seq"
+            if done <= 1:
+                return "gpu_detect", f"collective number {done}: the group's first collective", "collective_seq"
+        request = self.rules.request_evidence
+        if request is not None and any(request.search(text) for text in (cand.msg, *cand.after)):
+            return "request", "the error names a request (its id)", "request_id"
         if cand.run_phase is not None:
-            return cand.run_phase, "the phase the log's markers had reached"
+            return cand.run_phase, "the phase the log's markers had reached", "marker"
         for rule in rules:
             if rule is not None and rule.phase is not None:
-                return rule.phase, f"where {rule.id} usually happens (nothing in the log places it)"
-        return self.rules.default_phase, "nothing in the log places it: the default"
+                return rule.phase, f"where {rule.id} happens (nothing else in the log places it)", "rule_usual"
+        if self.rules.default_phase:
+            return self.rules.default_phase, "nothing in the log places it: the default", "default"
+        return "", "nothing in the log places it: no phase is guessed", "unknown"
 
     def _category(self, cand: _Candidate) -> str:
         return self._categorized(cand)[0]
@@ -960,6 +1028,7 @@ def _idle(st: _Stream) -> bool:
 
 def _clear_frames(st: _Stream) -> None:
     st.frame_phase, st.frame_line, st.frame_context = None, "", None
+    st.last_frame = None
 
 
 def _take_frames(st: _Stream, cand: _Candidate) -> None:

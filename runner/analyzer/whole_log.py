@@ -41,6 +41,10 @@ class Analysis:
             "hint": error.hint if error else None,
             "phases_seen": list(self.phases_seen),
             "signature": error.signature if error else "",
+            # What placed the phase (ErrorFinding.phase_from; phase "" with "unknown": nothing did).
+            "phase_from": error.phase_from if error else None,
+            # "low": the log ends inside the error's traceback, before its exception line.
+            "confidence": ("high" if error.confident else "low") if error else None,
         }
         if explain:
             out["explain"] = list(self.why)
@@ -55,7 +59,7 @@ class Analysis:
             state = "healthy: the server reached readiness" if self.healthy else "no error found"
             return "\n".join([f"{state} ({self.lines} lines; phases seen: {phases})", *why])
         out = [
-            f"phase:         {error.phase}",
+            f"phase:         {error.phase or 'unknown'} (from {error.phase_from or 'unknown'})",
             f"category:      {error.category}",
             f"first error:   line {error.line_no}: {error.line}",
             f"secondary OOM: {'yes' if error.secondary_oom else 'no'}",
@@ -63,6 +67,8 @@ class Analysis:
             f"phases seen:   {phases}",
             f"signature:     {error.signature}",
         ]
+        if not error.confident:
+            out.insert(3, "confidence:    low (the log ends inside this traceback, before its exception line)")
         if context and error.context:
             out.append("context:")
             out += [f"  {'>' if line == error.line else ' '} {line}" for line in error.context]
