@@ -1,15 +1,20 @@
-"""The bot's HTTP face in one aiohttp application and event loop: Slack's request URL, /healthz, /metrics.
+"""The bot's HTTP face in one aiohttp application: Slack's request URL, /healthz, /metrics.
 
-With an app-level token the same listeners also receive Socket Mode envelopes.
+It runs on an event loop of its own, in its own thread (FrontLoop): a request is verified, dispatched by bolt
+and acked there, so an ack never waits behind the runs the bot follows on its home loop (their events folded,
+rendered and stored as they stream). The work after an ack is handed to the home loop (SlackBot's tasks).
+With an app-level token the same listeners also receive Socket Mode envelopes, on the same front loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 from aiohttp import web
@@ -25,6 +30,37 @@ from bot.store import Store
 
 SLACK_PATH = "/slack/events"
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+T = TypeVar("T")
+
+
+class FrontLoop:
+    """An event loop in a thread of its own, for the requests Slack waits on (acks); `shared`: the caller's loop
+    instead (the old arrangement, kept as a benchmark's reference)."""
+
+    def __init__(self, shared: bool = False) -> None:
+        self._shared = shared
+        self.loop = asyncio.get_running_loop() if shared else asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="k3repro-slack-front", daemon=True)
+        if not shared:
+            self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    async def call(self, work: Coroutine[Any, Any, T]) -> T:
+        """Runs `work` on the front loop and waits for it from the caller's."""
+        if self._shared:
+            return await work
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self.loop))
+
+    def close(self) -> None:
+        if self._shared:
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self.loop.close()
 
 
 def web_app(bot: SlackBot) -> web.Application:
@@ -85,34 +121,48 @@ class Served:
 
 
 @asynccontextmanager
-async def serving(config: BotConfig, port: int | None = None, *, ready: bool = True) -> AsyncIterator[Served]:
+async def serving(
+    config: BotConfig, port: int | None = None, *, ready: bool = True, shared_loop: bool = False
+) -> AsyncIterator[Served]:
     """HTTP at the bot's `listen` address (or `port`) at once, so /healthz can say why the bot is not ready;
-    the bot's start alongside (awaited before yielding when `ready`), then Socket Mode when configured."""
+    the bot's start alongside (awaited before yielding when `ready`), then Socket Mode when configured. Requests
+    are served on a front loop of their own (`shared_loop`: on this one, as before; a benchmark's reference)."""
     bot = SlackBot(config)
     await bot.store.call(Store.use_retention, config.retention)  # the config's log caps; prunes old runs now
-    runner = web.AppRunner(web_app(bot))
+    front = FrontLoop(shared=shared_loop)
     socket: list[AsyncSocketModeHandler] = []
+    runners: list[web.AppRunner] = []
 
     async def start() -> None:
         await bot.start()
         if bot.settings.app_token and bot.app is not None:
-            socket.append(await socket_mode.connect(bot.app, bot.settings.app_token))
+            socket.append(await front.call(socket_mode.connect(bot.app, bot.settings.app_token)))
 
-    try:
+    async def listen() -> int:
+        runner = web.AppRunner(web_app(bot))
+        runners.append(runner)
         await runner.setup()
         host, _, listen_port = bot.settings.listen.rpartition(":")
-        site = web.TCPSite(runner, host or None, int(listen_port) if port is None else port)
-        await site.start()
+        await web.TCPSite(runner, host or None, int(listen_port) if port is None else port).start()
+        return int(runner.addresses[0][1])
+
+    async def close() -> None:
+        for handler in socket:
+            await handler.close_async()  # type: ignore[no-untyped-call]
+        for runner in runners:
+            await runner.cleanup()
+
+    try:
+        bound = await front.call(listen())
         started = asyncio.get_running_loop().create_task(start(), name="slack bot start")
         try:
             if ready:
                 await asyncio.shield(started)
-            yield Served(bot, int(runner.addresses[0][1]), started)
+            yield Served(bot, bound, started)
         finally:
             started.cancel()
             await asyncio.gather(started, return_exceptions=True)
     finally:
-        for handler in socket:
-            await handler.close_async()  # type: ignore[no-untyped-call]
-        await runner.cleanup()
+        await front.call(close())
+        front.close()
         await bot.stop()

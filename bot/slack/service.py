@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 import aiohttp
@@ -18,6 +19,7 @@ from bot.slack.app import build_app
 from bot.slack.handlers import Handlers
 from bot.slack.metrics import Metrics
 from bot.slack.outbox import Outbox, slack_error
+from bot.slack.tasks import TaskSet
 from bot.slack.threads import Threads
 from bot.store import AsyncStore
 from runner.toml_reader import ConfigError
@@ -54,12 +56,14 @@ class SlackBot:
         self.handlers = Handlers(
             self.core, Access(config, self.client), self.threads, self.outbox, self.metrics, self.settings.command
         )
+        self.tasks = self.handlers.tasks = HomeTasks()  # listeners ack on the front loop (bot/web.py); work runs here
         self.app: AsyncApp | None = None
         self.not_ready = "starting: asking Slack who the bot is (auth.test)"  # what /healthz says until ready
 
     async def start(self) -> None:
         """Learns who the bot is (retried while Slack cannot be reached), resumes pending Slack writes, then
         the runs the store holds as active. A token Slack refuses is a ConfigError: one line, no retry."""
+        self.tasks.home = asyncio.get_running_loop()
         identity = await self._identity()
         self.app = build_app(self.settings, identity, self.handlers)
         await self.outbox.start()
@@ -100,6 +104,36 @@ class SlackBot:
         await self.threads.close()
         await self.outbox.close()
         self.store.close()
+
+
+class HomeTasks(TaskSet):
+    """The work after an ack, always on the bot's home loop (store, core, outbox and threads live there), whichever
+    loop the listener that spawns it acked on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.home: asyncio.AbstractEventLoop | None = None
+        self._handing = 0  # spawned from another loop, not yet started here
+
+    def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> Any:
+        home = self.home
+        if home is None or home is asyncio.get_running_loop():
+            return super().spawn(work, name)
+        self._handing += 1
+
+        def start() -> None:
+            self._handing -= 1
+            TaskSet.spawn(self, work, name)
+
+        home.call_soon_threadsafe(start)
+        return None
+
+    async def wait(self) -> None:
+        while True:
+            await super().wait()
+            if not self._handing:
+                return
+            await asyncio.sleep(0.01)
 
 
 def _one_line(exc: BaseException) -> str:
