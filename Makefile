@@ -67,3 +67,12 @@ lint: setup
 
 test: lint
 	K3REPRO_VLLM_PYTHON=$(VLLM_PYTHON) $(BIN)/pytest
+
+# The inner loop, a minute or two: ruff and the unit tier (no daemon, server, subprocess or network; the tiers are
+# in tests/conftest.py), two workers. `make test` stays what CI runs: every tier.
+CHECK_WORKERS ?= 2
+.PHONY: check
+check: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/pytest -q -m unit -n $(CHECK_WORKERS) -p no:cacheprovider
