@@ -15,7 +15,7 @@ from runner.sim.catalog import catalog
 from runner.sim.scenario import load_scenario, scenario_path
 from runner.toml_reader import ConfigError, TomlReader, read_toml, strict
 
-BACKENDS = ("docker", "process", "sim")
+BACKENDS = ("docker", "kubernetes", "process", "sim")
 
 # Every key runner.toml may hold, by table ("" is the top level): a key not listed is refused at load with the
 # closest known one. docs/configuration.md documents exactly these (tests/test_config_strict.py checks both it
@@ -53,9 +53,22 @@ RUNNER_KEYS: dict[str, tuple[str, ...]] = {
         "proxies",
         "sim",
         "docker",
+        "kubernetes",
     ),
     "engine.sim": ("scenario", "speed"),
     "engine.docker": ("gpus", "volumes", "env"),
+    "engine.kubernetes": (
+        "api_url",
+        "token_file",
+        "ca_file",
+        "namespace",
+        "node_name",
+        "gpus",
+        "host_network",
+        "start_timeout_s",
+        "volumes",
+        "env",
+    ),
     "metrics": ("listen",),
 }
 
@@ -73,6 +86,22 @@ class DockerSettings:
 
     gpus: bool = True  # `--gpus all`, as the deployment runs
     volumes: tuple[str, ...] = ()  # "host:container[:ro]", e.g. the Hugging Face cache
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class KubernetesSettings:
+    """`[engine.kubernetes]`: each launch is a Pod on this runner's node, through the API server."""
+
+    api_url: str = "https://kubernetes.default.svc"
+    token_file: Path | None = None  # the service account's token (re-read: rotated tokens work)
+    ca_file: Path | None = None  # the API server's CA
+    namespace: str = "k3repro"
+    node_name: str = ""  # "": the NODE_NAME environment variable (the DaemonSet sets it from spec.nodeName)
+    gpus: bool = True  # limits nvidia.com/gpu = tensor x pipeline parallel size, from the device plugin
+    host_network: bool = False  # false: the Pod's own network, probed at its IP; true: the node's
+    start_timeout_s: float = 900.0  # a Pod not running after this long (image pull included) is a failed launch
+    volumes: tuple[str, ...] = ()  # "host:container[:ro]" as hostPath volumes, e.g. the Hugging Face cache
     env: tuple[tuple[str, str], ...] = ()
 
 
@@ -95,6 +124,7 @@ class EngineConfig:
     sim_scenario: str = ""  # sim backend only: a built-in scenario name or a path
     sim_speed: float = 1.0
     docker: DockerSettings = field(default_factory=DockerSettings)
+    kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
     executables: tuple[str, ...] = ()  # process backend: the only programs it runs, as real paths
 
 
@@ -160,6 +190,9 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
     engine_reader = strict(reader.table("engine"), RUNNER_KEYS["engine"], origin, "engine")
     sim_reader = strict(engine_reader.table("sim"), RUNNER_KEYS["engine.sim"], origin, "engine.sim")
     docker_reader = strict(engine_reader.table("docker"), RUNNER_KEYS["engine.docker"], origin, "engine.docker")
+    kube_reader = strict(
+        engine_reader.table("kubernetes"), RUNNER_KEYS["engine.kubernetes"], origin, "engine.kubernetes"
+    )
     metrics_reader = strict(reader.table("metrics"), RUNNER_KEYS["metrics"], origin, "metrics")
     tls = None
     if tls_reader.data:
@@ -203,6 +236,7 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
             volumes=tuple(docker_reader.texts("volumes")),
             env=tuple(sorted(docker_env.items())),
         ),
+        kubernetes=_kubernetes(kube_reader, base),
         executables=executables,
     )
     _check_ranges(engine, f"{origin} [engine]")
@@ -229,6 +263,35 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
         raise ConfigError(f"{origin}: allowed_images is empty; list the image patterns this runner may launch")
     _check_runner(config, origin)
     return config
+
+
+def _kubernetes(reader: TomlReader, base: Path) -> KubernetesSettings:
+    defaults = KubernetesSettings()
+    env = reader.table("env")
+    if not all(isinstance(v, str) for v in env.values()):
+        raise ConfigError(f"{reader.origin}: 'env' values must be strings")
+
+    def path(key: str) -> Path | None:
+        value = reader.text(key, "")
+        return base / value if value else None
+
+    settings = KubernetesSettings(
+        api_url=reader.text("api_url", defaults.api_url),
+        token_file=path("token_file"),
+        ca_file=path("ca_file"),
+        namespace=reader.text("namespace", defaults.namespace),
+        node_name=reader.text("node_name", ""),
+        gpus=reader.flag("gpus", defaults.gpus),
+        host_network=reader.flag("host_network", defaults.host_network),
+        start_timeout_s=reader.number("start_timeout_s", defaults.start_timeout_s),
+        volumes=tuple(reader.texts("volumes")),
+        env=tuple(sorted(env.items())),
+    )
+    if not settings.start_timeout_s > 0:
+        raise ConfigError(f"{reader.origin}: start_timeout_s must be above 0, got {settings.start_timeout_s!r}")
+    if not settings.api_url.startswith(("https://", "http://")):
+        raise ConfigError(f"{reader.origin}: api_url must be an http(s) URL, got {settings.api_url!r}")
+    return settings
 
 
 def _whole(reader: TomlReader, key: str, default: int) -> int:

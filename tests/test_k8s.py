@@ -4,8 +4,10 @@ request (and whose every request the bot's Role allows)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import tomllib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +26,12 @@ from bot.isolation.kubernetes import KubernetesProvider, render
 from bot.rerun import rerun_isolated
 from bot.store import AsyncStore, Store
 from protos import runner_pb2 as pb
+from runner.config import KubernetesSettings, parse_runner_config
+from runner.engines.kubernetes import KubernetesBackend
+from runner.ports import free_port
 from runner.tls import DevCerts
 from tests.k3fixtures import bot_config, runner_data, running_runner
+from tests.kube_api import NODE, TOKEN, KubeApi
 
 K8S = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
 TEMPLATE = K8S / "isolated-runner-job.yaml"
@@ -178,7 +184,22 @@ def test_the_daemonset_runs_a_runner_on_every_regular_gpu_host_but_not_on_isolat
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert mounts["tls"] == "/etc/k3repro/tls" and volumes["tls"]["secret"]["secretName"] == "k3repro-runner-tls"
-    assert mounts["docker"] == "/var/run/docker.sock" and set(mounts) == set(volumes)
+    assert set(mounts) == set(volumes)
+    assert not [v for v in volumes.values() if "docker" in json.dumps(v)]  # no Docker socket: engines are Pods
+    assert pod["serviceAccountName"] == "k3repro-runner" and pod["automountServiceAccountToken"] is True
+    (node,) = [e for e in container["env"] if e["name"] == "NODE_NAME"]
+    assert node["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def test_the_daemonsets_runner_launches_engines_as_pods_on_its_node(tmp_path: Path) -> None:
+    documents = {(d["kind"], d["metadata"]["name"]): d for _, d in _manifests()}
+    text = documents[("ConfigMap", "k3repro-runner")]["data"]["runner.toml"]
+    config = parse_runner_config(tomllib.loads(text), base=tmp_path, origin="k3repro-runner runner.toml")
+    assert config.engine.backend == "kubernetes"
+    settings = config.engine.kubernetes
+    assert settings.namespace == documents[("ServiceAccount", "k3repro-runner")]["metadata"]["namespace"]
+    assert str(settings.token_file) == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert settings.node_name == ""  # NODE_NAME, from the DaemonSet's downward API
 
 
 def test_a_template_with_an_unknown_placeholder_is_a_clear_error(tmp_path: Path) -> None:
@@ -256,14 +277,18 @@ def _manifests() -> list[tuple[str, dict[str, Any]]]:
 
 def _allowed_by_the_bot_role() -> set[tuple[str, str, str]]:
     """(API group, resource, verb) the bot's ServiceAccount may use, through its RoleBinding."""
+    return _allowed_by_role_of("k3repro-bot", bound_in="Deployment")
+
+
+def _allowed_by_role_of(account_name: str, bound_in: str) -> set[tuple[str, str, str]]:
+    """(API group, resource, verb) the ServiceAccount may use, through its RoleBinding (`bound_in`: the kind of
+    the workload that runs as it)."""
     documents = {(d["kind"], d["metadata"]["name"]): d for _, d in _manifests()}
-    (binding,) = [d for (kind, _), d in documents.items() if kind == "RoleBinding"]
-    account = documents[("ServiceAccount", "k3repro-bot")]
-    assert {"kind": "ServiceAccount", "name": "k3repro-bot", "namespace": account["metadata"]["namespace"]} in (
-        binding["subjects"]
-    )
-    bot = next(d for (kind, _), d in documents.items() if kind == "Deployment")
-    assert bot["spec"]["template"]["spec"]["serviceAccountName"] == "k3repro-bot"
+    account = documents[("ServiceAccount", account_name)]
+    subject = {"kind": "ServiceAccount", "name": account_name, "namespace": account["metadata"]["namespace"]}
+    (binding,) = [d for (kind, _), d in documents.items() if kind == "RoleBinding" and subject in d["subjects"]]
+    workload = next(d for (kind, _), d in documents.items() if kind == bound_in)
+    assert workload["spec"]["template"]["spec"]["serviceAccountName"] == account_name
     role = documents[("Role", binding["roleRef"]["name"])]
     return {
         (group, resource, verb)
@@ -321,3 +346,36 @@ def test_every_secret_and_config_map_a_pod_mounts_is_in_the_layout(tmp_path: Pat
 
 async def _ignore(event: pb.RunEvent) -> None:
     """The store keeps the events; these tests read the outcome."""
+
+
+async def test_the_runners_role_allows_every_request_its_kubernetes_engine_makes(tmp_path: Path) -> None:
+    """A launch (create, read until running, log followed), its stop (delete, read until gone) and the clean-up of
+    an unfinished run's Pods (list, delete) against the stand-in API: each request is one the Role grants."""
+    token = tmp_path / "token"
+    token.write_text(f"{TOKEN}\n")
+    with KubeApi(speed=1000).serving() as api:
+        settings = KubernetesSettings(api_url=api.url, token_file=token, node_name=NODE)
+        argv = ["vllm", "serve", "org/model", "--host", "127.0.0.1", "--port", str(free_port("127.0.0.1"))]
+        engine = await KubernetesBackend(settings).launch(argv, run_id="r1", image="vllm/vllm-openai:v1")
+        lines = engine.lines()
+        assert (await anext(lines)).text  # the log, followed
+        await engine.stop(1)
+        async for _ in lines:
+            pass
+        await KubernetesBackend(settings).launch(argv, run_id="r2", image="vllm/vllm-openai:v1")
+        assert await asyncio.to_thread(KubernetesBackend(settings).remove_leftovers, {"r2"}) == 1
+        assert api.pod_names() == [] and api.invalid == []
+        requests = list(api.requests)
+    allowed = _allowed_by_role_of("k3repro-runner", bound_in="DaemonSet")
+    needed = {_pod_verb(method, path) for method, path in requests}
+    assert needed == {("", "pods", v) for v in ("create", "get", "list", "delete")} | {("", "pods/log", "get")}
+    assert needed <= allowed
+
+
+def _pod_verb(method: str, path_qs: str) -> tuple[str, str, str]:
+    """The RBAC verb of a request to the stand-in: /api/v1/namespaces/NS/pods[/NAME[/log]]."""
+    parts = urlsplit(path_qs).path.strip("/").split("/")
+    assert parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods", path_qs
+    resource = "pods/log" if parts[6:] == ["log"] else "pods"
+    verb = {"POST": "create", "DELETE": "delete", "GET": "get" if len(parts) > 5 else "list"}[method]
+    return "", resource, verb

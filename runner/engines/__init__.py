@@ -5,6 +5,7 @@ from __future__ import annotations
 from runner.config import EngineConfig
 from runner.engines.base import EngineBackend, LogLine, RunningEngine
 from runner.engines.docker import DockerBackend
+from runner.engines.kubernetes import KubernetesBackend
 from runner.engines.process import ProcessBackend
 from runner.engines.sim import SimBackend
 
@@ -18,4 +19,6 @@ def make_backend(config: EngineConfig) -> EngineBackend:
         return ProcessBackend(executables=config.executables)
     if config.backend == "docker":
         return DockerBackend(config.docker)
+    if config.backend == "kubernetes":
+        return KubernetesBackend(config.kubernetes)
     raise ValueError(f"engine backend {config.backend!r} is not available on this runner")

@@ -94,7 +94,8 @@ async def launch(ctx: RunContext, command: ServeCommand, source: str) -> Launch:
         raise
     if ctx.engine.image_id:
         ctx.images.append(ctx.engine.image_id)
-    ctx.base_url = base_url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+    at = getattr(ctx.engine, "address", "") or host  # a backend whose engine says where it serves (a Pod's IP)
+    ctx.base_url = base_url = f"http://{at}:{port}" if ":" not in at else f"http://[{at}]:{port}"
     ctx.follower = follower = LogFollower(ctx.engine, ctx.emit, source, ctx.clock, lambda: healthy_now(base_url))
     ctx.running = command
     ready, summary, failure = await _until_ready(ctx, follower)
