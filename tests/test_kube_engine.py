@@ -154,3 +154,22 @@ async def test_a_pod_the_node_has_no_gpus_for_is_a_refused_launch_in_the_kubelet
         assert "Pod was rejected: Node didn't have enough resource: nvidia.com/gpu, requested: 8" in summary
         assert _stages(events)[pb.STAGE_MINIMAL_LAUNCH] != pb.STAGE_STATUS_OK
         assert api.pod_names() == [] and api.invalid == []
+
+
+async def test_on_the_host_network_the_engine_is_probed_at_the_launch_host(tmp_path: Path, token: Path) -> None:
+    """host_network = true: the Pod shares the node's network (the DaemonSet's runner is on it too), so the engine
+    has no address of its own and the launcher probes launch_host; the Pod declares no containerPort."""
+    with KubeApi(speed=1000).serving() as api:
+        settings = parse_runner_config(
+            _data(tmp_path, None, api, token, host_network=True), base=tmp_path, origin="test runner"
+        ).engine.kubernetes
+        argv = ["vllm", "serve", "org/model", "-tp", "2", "--pipeline-parallel-size", "2", "--port", "8000"]
+        engine = await KubernetesBackend(settings).launch(argv, run_id="r-host", image="vllm/vllm-openai:v1")
+        assert engine.returncode is None and engine.address == ""
+        (body,) = api.created
+        spec = body["spec"]
+        assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+        assert "ports" not in spec["containers"][0]
+        assert spec["containers"][0]["resources"]["limits"] == {GPU_RESOURCE: "4"}  # TP 2 x PP 2
+        await engine.stop(1)
+        assert engine.returncode is not None and api.pod_names() == [] and api.invalid == []
