@@ -4,8 +4,9 @@ For each K: a helper process hosts K sim runners (one per cluster, as K GPU host
 (tests/slack_api.py), so neither shares the bot's process; the bot (bot/web.py's `serving`, the real front-end)
 gets K signed `/k3repro start cluster-i` commands, then, while the runs stream their events into its store and
 threads, one signed `/k3repro status` at a time, each one's ack timed, until every run has finished. Then the
-bot is let go idle and the store is checked: every run finished, its events stored without a gap, no Slack write
-left pending, and one verdict post (the broadcast reply) per run. Slack counts an ack after 3 s as failed.
+bot is let go idle and the store is checked: every start either refused in one line or a run that finished, its
+events stored without a gap, no Slack write left pending, and one verdict post (the broadcast reply) per run.
+`--loop both` also times the old arrangement (acks on the loop that follows the runs) in the same run. Slack counts an ack after 3 s as failed.
 Run: `.venv/bin/python -m bench.bench_load [K ...] [--scenario demo|healthy] [--speed S]`.
 """
 
@@ -81,6 +82,10 @@ def _check(db: Path, k: int) -> dict[str, Any]:
             if count != top
         ]
         pending = con.execute("SELECT count(*) FROM slack_outbox WHERE state != 'sent'").fetchone()[0]
+        refused = sum(
+            json.loads(payload)["args"].get("text", "").startswith("⛔")
+            for (payload,) in con.execute("SELECT payload_json FROM slack_outbox WHERE method = 'chat.postEphemeral'")
+        )
         verdicts: dict[str, int] = {}
         for run_id, payload in con.execute(
             "SELECT run_id, payload_json FROM slack_outbox WHERE method = 'chat.postMessage'"
@@ -94,7 +99,8 @@ def _check(db: Path, k: int) -> dict[str, Any]:
         "statuses": sorted({status for _, status in runs}),
         "event_gaps": len(gaps),
         "pending_writes": pending,
-        "one_verdict_each": len(runs) == k and all(verdicts.get(r) == 1 for r, _ in runs),
+        "refused": refused,  # a start answered with a refusal (e.g. its runner did not answer Describe in time)
+        "one_verdict_each": len(runs) + refused == k and all(verdicts.get(r) == 1 for r, _ in runs),
     }
 
 
@@ -181,7 +187,7 @@ def main() -> None:
         return
     print(f"scenario {args.scenario}, sim speed {args.speed:g}; status acked while K runs stream (Slack: < 3 s)")
     print(
-        "   K loop    acks   p50 ms   p99 ms   max ms  >3s  start max ms  wall s  runs done  gaps  pending  1 verdict each"
+        "   K loop    acks   p50 ms   p99 ms   max ms  >3s  start max ms  wall s  runs done  gaps  pending  refused  1 verdict each"
     )
     with tempfile.TemporaryDirectory() as tmp:
         if args.keep:
@@ -192,7 +198,7 @@ def main() -> None:
                 print(
                     f"{r['k']:4d} {r['loop']:6s} {r['status_acks']:5d} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {r['max_ms']:8.1f}"
                     f" {r['over_3s']:4d} {r['start_ack_max_ms']:13.1f} {r['wall_s']:7.1f} {r['finished']:5d}/{r['runs']:<4d}"
-                    f" {r['event_gaps']:5d} {r['pending_writes']:8d}  {r['one_verdict_each']}",
+                    f" {r['event_gaps']:5d} {r['pending_writes']:8d} {r['refused']:8d}  {r['one_verdict_each']}",
                     flush=True,
                 )
 
