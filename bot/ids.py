@@ -7,4 +7,6 @@ from datetime import UTC, datetime
 
 
 def new_run_id() -> str:
-    return f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+    """32 random bits a second: 100 starts in one second collide with a chance of about 1 in a million (16 bits
+    gave 7 %, and a start under load failed on the store's unique id)."""
+    return f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(4)}"

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 import bot.store as store_module
+from bot.ids import new_run_id
 from bot.store import ACTIVE, MIGRATIONS, ActiveRunExists, RunNotFound, Store
 from protos import runner_pb2 as pb
 
@@ -74,3 +75,8 @@ def test_runs_are_found_by_unique_prefix(tmp_path: Path) -> None:
         store.get_run("20261130-0900-a")
     with pytest.raises(RunNotFound, match="no run"):
         store.get_run("nope")
+
+
+def test_run_ids_of_one_second_do_not_collide() -> None:
+    ids = [new_run_id() for _ in range(2000)]
+    assert len(set(ids)) == len(ids) and all(len(i.rsplit("-", 1)[1]) == 8 for i in ids)
