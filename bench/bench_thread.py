@@ -4,7 +4,8 @@ Each scenario runs through the bot's Slack front-end against the local Slack Web
 the way `/k3repro start cluster-a` runs it in an incident channel, and the thread is counted as it stands at
 the end: replies (the checklist, one per stage, the verdict), the files uploaded into it, and the characters
 of the replies' text and blocks. Run it on two checkouts to compare them.
-Run: `.venv/bin/python -m bench.bench_thread [SCENARIO ...]` (default: prefix-cache-crash demo healthy).
+Run: `.venv/bin/python -m bench.bench_thread [--show] [SCENARIO ...]` (default: prefix-cache-crash demo healthy);
+`--show` also prints each thread as text, the card first.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tests.slack_api import SlackApi, command_body, parent_of, post, settle, sig
 DEFAULT = ("prefix-cache-crash", "demo", "healthy")
 
 
-async def thread_of(scenario: str, workdir: Path) -> dict[str, int]:
+async def thread_of(scenario: str, workdir: Path, show: bool = False) -> dict[str, int]:
     certs = write_dev_certs(workdir / "certs")
     api = await SlackApi().start()
     try:
@@ -37,20 +38,30 @@ async def thread_of(scenario: str, workdir: Path) -> dict[str, int]:
         parent = parent_of(api)
         assert parent is not None, "no card was posted"
         replies = api.thread(parent["ts"])
+        if show:
+            from bot.blocks import text_lines
+
+            for message in [parent, *replies]:
+                print("\n".join(text_lines(message.get("blocks", []))) or message.get("text", ""), end="\n\n")
+            print("files: " + ", ".join(f["title"] for f in api.files), end="\n\n")
         chars = sum(len(m.get("text", "")) + len(json.dumps(m.get("blocks", []), ensure_ascii=False)) for m in replies)
         return {"replies": len(replies), "files": len(api.files), "chars": chars}
     finally:
         await api.stop()
 
 
-async def main(scenarios: list[str]) -> None:
-    print("| scenario | thread replies | files | characters of the replies |")
-    print("|---|---|---|---|")
+async def main(args: list[str]) -> None:
+    show = "--show" in args
+    scenarios = [a for a in args if a != "--show"] or list(DEFAULT)
+    rows = []
     for scenario in scenarios:
         with tempfile.TemporaryDirectory() as folder:
-            size = await thread_of(scenario, Path(folder))
-        print(f"| {scenario} | {size['replies']} | {size['files']} | {size['chars']:,} |")
+            size = await thread_of(scenario, Path(folder), show)
+        rows.append(f"| {scenario} | {size['replies']} | {size['files']} | {size['chars']:,} |")
+    print("| scenario | thread replies | files | characters of the replies |")
+    print("|---|---|---|---|")
+    print("\n".join(rows))
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1:] or list(DEFAULT)))
+    asyncio.run(main(sys.argv[1:]))

@@ -351,6 +351,9 @@ def ladder_summary(steps: Iterable[LadderStep]) -> Block:
     failure's error line is the stage's first error, shown once below."""
     lines, moot = [], []
     for step in steps:
+        if step.outcome == "not_applicable" and step.wire.as_written:  # not needed, and why
+            lines.append(f"➖ *{escaped(step.wire.title or step.step)}*: {escaped(step.detail)}")
+            continue
         if step.outcome == "not_applicable":
             moot.append(step.wire.title or step.step)
             continue
@@ -411,7 +414,7 @@ def verdict_blocks(run_id: str, cluster: str, finished: Finished, minimal: str =
         blocks.append(section(f"*{escaped(finished.headline)}*", "verdict_line"))
     if minimal and finished.summary == "every stage succeeded":  # the result below says what it found
         return blocks + minimal_blocks(minimal)
-    if finished.summary:
+    if finished.summary and not finished.headline:  # the verdict line says what the summary would
         blocks.append(section(escaped_but_mentions(finished.summary)))
     reasons = [reason for reason in finished.reasons if reason != finished.summary]
     if reasons:

@@ -137,11 +137,19 @@ def test_the_ladder_is_one_block_of_its_steps_with_the_moot_ones_named_together(
         pb.LadderStepResult(step=s, title=t, outcome=pb.LADDER_OUTCOME_NOT_APPLICABLE, detail="no flags")
         for s, t in (("kv_transfer", "KV transfer"), ("lora_multimodal", "LoRA and multimodal"))
     ]
-    facts = [fact_of(pb.RunEvent(ladder_step=step)) for step in (ran, *moot)]
+    last = pb.LadderStepResult(
+        step="as_written",
+        title="the deployment as written",
+        outcome=pb.LADDER_OUTCOME_NOT_APPLICABLE,
+        detail="not launched: step prefix_caching already met the failure",
+        as_written=True,
+    )
+    facts = [fact_of(pb.RunEvent(ladder_step=step)) for step in (ran, *moot, last)]
     assert all(isinstance(fact, LadderStep) for fact in facts)
     text = blocks.ladder_summary(f for f in facts if isinstance(f, LadderStep))["text"]["text"]
-    first, second = text.split("\n")
+    first, why, second = text.split("\n")
     assert first == "🪜 *prefix caching*: `cache_hit` (relaunched) — adds `--enable-prefix-caching`"
+    assert why == "➖ *the deployment as written*: not launched: step prefix_caching already met the failure"
     assert second.endswith("KV transfer, LoRA and multimodal") and "no flags" not in text
 
 
