@@ -257,14 +257,17 @@ async def test_a_driver_upgraded_under_a_run_makes_it_isolate(certs: DevCerts, t
     upgraded = asyncio.Event()
 
     async def upgrade_after_the_first_failure(event: pb.RunEvent) -> None:
-        if event.HasField("first_error") and not upgraded.is_set():  # node automation updates the driver
+        # node automation updates the driver once freeze recorded it: whichever launch reads NVML next sees the
+        # new one (the second attempt at the latest, however late a loaded machine delivers this event)
+        started = event.HasField("stage_started") and event.stage_started.stage == pb.STAGE_MINIMAL_LAUNCH
+        if started and not upgraded.is_set():
             scenario.write_text(
                 scenario.read_text().replace('driver_version = "580.65.06"', 'driver_version = "580.82.07"')
             )
             upgraded.set()
 
     # slow enough for the bot to change the host between the two attempts
-    runner = runner_data(certs, tmp_path / "runner", scenario=str(scenario), speed=500)
+    runner = runner_data(certs, tmp_path / "runner", scenario=str(scenario), speed=100)
     async with running_runner(runner) as daemon:
         config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"])
         store = AsyncStore(config.store)
