@@ -117,7 +117,11 @@ async def test_shipped_scenario_reaches_its_verdict(tmp_path: Path, name: str) -
         ("old-driver", "the baseline blocks this scene", "fix the scene first"),
         ("flaky-phases", "the environment is unstable", "rerun the frozen case on an isolated node"),
         ("healthy", "did not reproduce: every ladder step held, the deployment as written included", "--log"),
-        ("demo", "the minimal launch fails in gpu_detect [nccl_comm]", "to reach fix, settle revertible_baseline"),
+        (
+            "demo",
+            "the minimal launch fails in gpu_detect [nccl_comm]",
+            "to reach fix, settle single_request_fixed, revertible_baseline",
+        ),
     ],
 )
 async def test_the_verdict_is_one_line_with_its_cause_evidence_and_next_action(

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protos import runner_pb2 as pb
+from protos.vocab import CHECKLIST_IDS, to_id
 from runner.clock import Clock
 from runner.config import RunnerConfig
 from runner.engines import EngineBackend, RunningEngine
@@ -82,6 +83,12 @@ class RunContext:
     headline: str = ""  # the verdict as one line: cause, evidence, next action (stages/verdict_line.py)
     diagnosis: str = ""  # the --enforce-eager diagnostic's answer, when the minimal launch ran it
     stopped_at: tuple[str, str] | None = None  # the stage that did not succeed, and its summary
+
+    def unsettled(self) -> list[str]:
+        """The checklist items that neither hold nor do not apply, in the checklist's order: what `fix` needs."""
+        settled = (pb.CHECKLIST_STATE_HOLDS, pb.CHECKLIST_STATE_NOT_APPLICABLE)
+        states = {to_id(pb.ChecklistId, item): state for item, (state, _) in self.checklist.items()}
+        return [item for item in CHECKLIST_IDS if states.get(item) not in settled]
 
     @property
     def clock(self) -> Clock:

@@ -34,16 +34,11 @@ def decide(ctx: RunContext) -> tuple[pb.Decision, list[str]]:
     unstable = _instability(ctx)
     if unstable:
         return pb.DECISION_ISOLATE, unstable
-    missing = [item for item in CHECKLIST_IDS if _state(ctx, item) not in (HOLDS, MOOT)]
+    missing = ctx.unsettled()
     if not missing:
         moot = sum(1 for item in CHECKLIST_IDS if _state(ctx, item) == MOOT)
-        applies = (
-            f"all {len(CHECKLIST_IDS) - moot} checklist items that apply"
-            if moot
-            else f"all {len(CHECKLIST_IDS)} checklist items"
-        )
-        held = f"{applies} hold"
-        return pb.DECISION_FIX, [f"{held}: fix in place, one change at a time"]
+        held = f"all {len(CHECKLIST_IDS) - moot} checklist items" + (" that apply" if moot else "")
+        return pb.DECISION_FIX, [f"{held} hold: fix in place, one change at a time"]
     reasons = [f"no evidence yet for: {', '.join(missing)}"]
     if any(ctx.holders):
         holders = ", ".join(ctx.holder_notes[p] for p in sorted(frozenset().union(*ctx.holders)))

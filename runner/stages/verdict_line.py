@@ -6,7 +6,6 @@ from __future__ import annotations
 from functools import cache
 
 from protos import runner_pb2 as pb
-from protos.vocab import CHECKLIST_IDS, to_id
 from runner.analyzer import default_rules
 from runner.analyzer.lines import LineParser
 from runner.stages.context import Attempt, RunContext, StepOutcome
@@ -95,13 +94,7 @@ def _to_fix(ctx: RunContext) -> list[str]:
     """What `fix` still needs, once a failure was found: the items without evidence, by name."""
     if ctx.decision != pb.DECISION_CONTINUE or not (ctx.attempts or any(s.failure for s in ctx.steps)):
         return []
-    missing = [
-        to_id(pb.ChecklistId, item)
-        for item, (state, _) in sorted(ctx.checklist.items())
-        if state not in (pb.CHECKLIST_STATE_HOLDS, pb.CHECKLIST_STATE_NOT_APPLICABLE)
-    ]
-    unset = [item for item in CHECKLIST_IDS if item not in {to_id(pb.ChecklistId, i) for i in ctx.checklist}]
-    missing += unset
+    missing = ctx.unsettled()
     return [f"to reach fix, settle {', '.join(missing)}"] if missing else []
 
 
