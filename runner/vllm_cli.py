@@ -15,7 +15,7 @@ from functools import cache
 from importlib import resources
 from typing import Literal
 
-FlagKind = Literal["bool", "value", "json"]
+FlagKind = Literal["bool", "value", "json", "list"]
 
 
 class LaunchCommandError(ValueError):
@@ -237,6 +237,14 @@ def parse_serve_args(args: list[str], program: tuple[str, ...] = ("vllm", "serve
         tokens: tuple[str, ...]
         if eq:
             value, tokens = attached, (token,)
+        elif spec.kind == "list":  # argparse's nargs="+": every value up to the next option
+            end = i
+            while end < len(args) and (not args[end].startswith("-") or _is_number(args[end])):
+                end += 1
+            if end == i:
+                raise LaunchCommandError(f"argument {spec.name}: expected at least one argument")
+            value, tokens = " ".join(args[i:end]), (token, *args[i:end])
+            i = end
         elif i < len(args):
             value, tokens = args[i], (token, args[i])
             i += 1

@@ -10,7 +10,9 @@ are vLLM's own: nothing here was copied into a catalogue.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -24,8 +26,9 @@ from bot.store import Store
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
 from runner.tls import DevCerts
+from runner.vllm_cli import flag_table
 from tests.k3fixtures import bot_core, finished_run, ignore_event, run_to_end
-from tests.vllm_cpu import serve_argv, vllm_env, vllm_models, vllm_python
+from tests.vllm_cpu import ENV, serve_argv, vllm_env, vllm_models, vllm_python
 
 __all__ = ["vllm_env", "vllm_models"]  # fixtures used by name
 pytestmark = pytest.mark.timeout(900)
@@ -247,3 +250,23 @@ async def test_an_unknown_architecture_is_a_model_config_error(run: Run, vllm_mo
     assert_repeated_failure(report, events, "gpu_detect", "model_config")
     assert "NoSuchForCausalLM" in report["first_error"]["signature"]
     assert report["launches"] == 2
+
+
+def test_the_flag_table_knows_every_flag_of_the_real_vllm_parser() -> None:
+    """A deployment written with any flag vLLM has is read, placed with a ladder step and launched as written:
+    the table is checked against the parser of the vLLM that is installed, not against a list copied from it."""
+    script = (
+        "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
+        "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+        "for a in make_arg_parser(FlexibleArgumentParser())._actions:\n"
+        "    print(' '.join(a.option_strings))\n"
+    )
+    done = subprocess.run(
+        [str(vllm_python()), "-c", script], capture_output=True, text=True, timeout=300, env={**os.environ, **ENV}
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = flag_table()
+    spellings = [line.split() for line in done.stdout.splitlines() if line.strip()]
+    assert len(spellings) > 300
+    unknown = [s for s in spellings if "--help" not in s and not any(o in table.spellings for o in s)]
+    assert unknown == []
