@@ -39,22 +39,17 @@ class Linked:
 
 def linked(store: Store, run: Run) -> Linked:
     """The run's minimize runs (as `k3repro show` finds them: request_json's minimize_of) and reruns."""
-    rows = store.db.table("runs").rows_where(
-        "CASE WHEN json_valid(request_json) THEN json_extract(request_json, '$.minimize_of') END = ?",
-        [run.id],
-        order_by="created_at",
-    )
     minimized: dict[str, Any] | None = None
     minimize_run = ""
-    for row in rows:
-        events = [redactor().message(e) for e in store.events(row["id"])]
-        text = RunRecord.replay(row["id"], events).artifacts.get("minimal_failing_command")
+    for found in store.minimize_runs_of(run.id):
+        events = [redactor().message(e) for e in store.events(found.id)]
+        text = RunRecord.replay(found.id, events).artifacts.get("minimal_failing_command")
         try:
             value = json.loads(text) if text else None
         except ValueError:
             value = None
         if isinstance(value, dict) and isinstance(value.get("command"), str):
-            minimized, minimize_run = value, row["id"]  # the latest one with a result
+            minimized, minimize_run = value, found.id  # the latest one with a result
     reruns = tuple((r.run_id, r.provider, r.verdict or "none yet") for r in store.reruns_of(run.id))
     return Linked(minimized, minimize_run, reruns)
 

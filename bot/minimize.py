@@ -51,9 +51,9 @@ async def start_minimize(
     original = await store.call(Store.get_run, run_id)
     if original.rerun_of:
         raise Refused(f"run {original.id} is an isolated rerun; minimize {original.rerun_of}, the run it replays")
+    if original.minimize_of:
+        raise Refused(f"run {original.id} is itself a minimize run of {original.minimize_of}")
     asked: dict[str, Any] = json.loads(original.request_json or "{}")
-    if asked.get("minimize_of"):
-        raise Refused(f"run {original.id} is itself a minimize run of {asked['minimize_of']}")
     argv = configured_launch(core.config, original)
     events = await store.call(Store.events, original.id)
     record = RunRecord.replay(original.id, events)

@@ -188,8 +188,7 @@ class RunRecord:
     def of(cls, run: Run) -> RunRecord:
         """A stored run before its events: a run the store holds as ended keeps its status and why."""
         record = cls(run.id, run.cluster, run.runner, run.image, run.requested_by)
-        asked = json.loads(run.request_json or "{}")
-        record.minimize_of = str(asked.get("minimize_of") or "") if isinstance(asked, dict) else ""
+        record.minimize_of = run.minimize_of
         if run.status in FINAL:
             record.status, record.problem = run.status, run.summary or ""
         return record

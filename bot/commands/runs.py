@@ -67,15 +67,7 @@ def kind(run: Run) -> str:
         return "rerun"
     if is_imported(run):
         return "imported"
-    return "minimize" if _minimize_of(run) else "run"
-
-
-def _minimize_of(run: Run) -> str:
-    try:
-        asked = json.loads(run.request_json or "{}")
-    except ValueError:
-        return ""
-    return str(asked.get("minimize_of") or "") if isinstance(asked, dict) else ""
+    return "minimize" if run.minimize_of else "run"
 
 
 def related(store: Store, run: Run) -> dict[str, Any]:
@@ -85,19 +77,14 @@ def related(store: Store, run: Run) -> dict[str, Any]:
     if run.rerun_of:
         links["rerun_of"] = run.rerun_of
         links["verdict"] = store.get_rerun(run.id).verdict
-    if minimize_of := _minimize_of(run):
-        links["minimize_of"] = minimize_of
+    if run.minimize_of:
+        links["minimize_of"] = run.minimize_of
     links["reruns"] = [
         {"run_id": rerun.run_id, "provider": rerun.provider, "verdict": rerun.verdict}
         for rerun in store.reruns_of(run.id)
     ]
-    found = store.db.table("runs").rows_where(
-        "CASE WHEN json_valid(request_json) THEN json_extract(request_json, '$.minimize_of') END = ?",
-        [run.id],
-        order_by="created_at",
-    )
     links["minimize_runs"] = [
-        {"run_id": row["id"], "status": row["status"], "summary": row["summary"] or ""} for row in found
+        {"run_id": m.id, "status": m.status, "summary": m.summary or ""} for m in store.minimize_runs_of(run.id)
     ]
     return links
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 # A run's status: running until its runner's run_finished says how it ended (RunStatus's ids), or until the
@@ -31,6 +32,15 @@ class Run:
     updated_at: str
     finished_at: str | None
     rerun_of: str | None
+
+    @property
+    def minimize_of(self) -> str:
+        """A minimize run's original (its request names it); "" for any other run."""
+        try:
+            asked = json.loads(self.request_json or "{}")
+        except ValueError:
+            return ""
+        return str(asked.get("minimize_of") or "") if isinstance(asked, dict) else ""
 
 
 @dataclass(frozen=True)

@@ -171,6 +171,15 @@ class RunTables(CappedLog, Tables):
     def get_rerun(self, run_id: str) -> Rerun:
         return Rerun(**self.db.table("reruns").get(run_id))
 
+    def minimize_runs_of(self, original_id: str) -> list[Run]:
+        """The minimize runs of a run, oldest first (their request names the original)."""
+        rows = self.db.table("runs").rows_where(
+            "CASE WHEN json_valid(request_json) THEN json_extract(request_json, '$.minimize_of') END = ?",
+            [original_id],
+            order_by="created_at",
+        )
+        return [Run(**row) for row in rows]
+
     def reruns_of(self, original_id: str) -> list[Rerun]:
         rows = self.db.table("reruns").rows_where("original_id = ?", [original_id], order_by="created_at")
         return [Rerun(**row) for row in rows]
