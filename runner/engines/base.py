@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from runner.clock import Clock
@@ -51,7 +52,13 @@ class EngineBackend(Protocol):
         """What freeze probes for the versions that would load: the image, or the Python behind argv."""
         ...
 
-    async def launch(self, argv: list[str], *, run_id: str, image: str) -> RunningEngine: ...
+    async def launch(
+        self, argv: list[str], *, run_id: str, image: str, fresh_caches: Path | None = None
+    ) -> RunningEngine:
+        """Starts `argv`. With `fresh_caches` (a folder of the run's work dir on the runner's host), every cache of
+        runner/data/caches.toml is moved to a new, empty place for this launch alone (runner/engines/fresh_caches.py):
+        under that folder for a process, inside the container's own filesystem for a container."""
+        ...
 
     def remove_leftovers(self, run_ids: set[str]) -> int:
         """Stops whatever runs of a previous runner process left behind (leftovers cause secondary OOMs)."""

@@ -11,11 +11,13 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from runner.clock import Clock
 from runner.config import DockerSettings
 from runner.engines.base import LogLine
+from runner.engines.fresh_caches import CONTAINER_ROOT, redirect
 from runner.engines.lines import LineSplitter
 from runner.fingerprint import ImageTarget
 from runner.fingerprint.image import PROBE_LABEL, DockerUnavailable, docker_client, gpu_device_requests
@@ -106,7 +108,9 @@ class DockerBackend:
     def probe_target(self, argv: list[str], image: str) -> ImageTarget:
         return ImageTarget(image)
 
-    async def launch(self, argv: list[str], *, run_id: str, image: str) -> DockerEngine:
+    async def launch(
+        self, argv: list[str], *, run_id: str, image: str, fresh_caches: Path | None = None
+    ) -> DockerEngine:
         """`docker run --network host --ipc host [--gpus all] IMAGE <args of vllm serve>`; the image's
         entrypoint is `vllm serve`, as in vLLM's images."""
         _, args = split_program(argv)
@@ -117,7 +121,8 @@ class DockerBackend:
             "name": f"k3repro-{run_id}-{self._launches}",
             "network_mode": "host",
             "ipc_mode": "host",
-            "environment": dict(self.settings.env),
+            # fresh caches: paths inside the new container's own filesystem (runner/engines/fresh_caches.py)
+            "environment": {**dict(self.settings.env), **(redirect(CONTAINER_ROOT) if fresh_caches else {})},
             "volumes": list(self.settings.volumes),
         }
         if self.settings.gpus:

@@ -21,6 +21,7 @@ import re
 import secrets
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,6 +33,7 @@ from lightkube.resources.core_v1 import Pod
 from runner.clock import Clock
 from runner.config import KubernetesSettings
 from runner.engines.base import LogLine
+from runner.engines.fresh_caches import CONTAINER_ROOT, redirect
 from runner.engines.lines import LineSplitter
 from runner.nvml import NvmlSource, PynvmlSource
 from runner.vllm_cli import parse_launch_command, split_program
@@ -99,16 +101,27 @@ def _port(args: list[str]) -> int | None:
 
 
 def pod_manifest(
-    settings: KubernetesSettings, node: str, argv: list[str], *, run_id: str, image: str, launch: int
+    settings: KubernetesSettings,
+    node: str,
+    argv: list[str],
+    *,
+    run_id: str,
+    image: str,
+    launch: int,
+    fresh_caches: bool = False,
 ) -> dict[str, Any]:
-    """The Pod of one launch, as the API takes it."""
+    """The Pod of one launch, as the API takes it; `fresh_caches` points every cache at an empty path inside the
+    container's own filesystem (runner/engines/fresh_caches.py)."""
     _, args = split_program(argv)
     slug = re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")[:40].strip("-") or "run"
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
         "args": list(args),  # the image's entrypoint is `vllm serve`: the arguments, each its own string
-        "env": [{"name": key, "value": value} for key, value in settings.env],
+        "env": [
+            {"name": key, "value": value}
+            for key, value in {**dict(settings.env), **(redirect(CONTAINER_ROOT) if fresh_caches else {})}.items()
+        ],
         "volumeMounts": [],
     }
     if settings.gpus:
@@ -380,9 +393,19 @@ class KubernetesBackend:
     def _client(self) -> AsyncClient:
         return AsyncClient(_kube_config(self.settings), timeout=httpx.Timeout(30.0, read=None), trust_env=False)
 
-    async def launch(self, argv: list[str], *, run_id: str, image: str) -> KubernetesEngine:
+    async def launch(
+        self, argv: list[str], *, run_id: str, image: str, fresh_caches: Path | None = None
+    ) -> KubernetesEngine:
         self._launches += 1
-        body = pod_manifest(self.settings, self.node, argv, run_id=run_id, image=image, launch=self._launches)
+        body = pod_manifest(
+            self.settings,
+            self.node,
+            argv,
+            run_id=run_id,
+            image=image,
+            launch=self._launches,
+            fresh_caches=fresh_caches is not None,
+        )
         name = body["metadata"]["name"]
         client = self._client()
         try:

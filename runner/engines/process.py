@@ -23,6 +23,7 @@ from pathlib import Path
 from runner.clock import Clock
 from runner.config import resolve_executable
 from runner.engines.base import LogLine
+from runner.engines.fresh_caches import make_fresh
 from runner.engines.lines import LineSplitter
 from runner.fingerprint import PythonTarget
 from runner.nvml import NvmlSource, PynvmlSource
@@ -225,11 +226,15 @@ class ProcessBackend:
     def remove_leftovers(self, run_ids: set[str]) -> int:
         return kill_leftovers(run_ids)
 
-    async def launch(self, argv: list[str], *, run_id: str, image: str) -> ProcessEngine:
+    async def launch(
+        self, argv: list[str], *, run_id: str, image: str, fresh_caches: Path | None = None
+    ) -> ProcessEngine:
         if refusal := self.refusal(argv):  # checked at StartRun too; here nothing can slip past it
             raise PermissionError(refusal)
         marker = f"{run_id}.{secrets.token_hex(6)}"
         env = {**self.environment(run_id), LAUNCH_ENV: marker}
+        if fresh_caches is not None:  # after the allowlist: the runner sets these itself
+            env.update(await asyncio.to_thread(make_fresh, fresh_caches))
         # Our own pipes, not asyncio's: the process's wait() is then its exit alone, never the end of output
         # that a process which left the group may hold open; the pumps' read ends are closed by the engine.
         out, err = os.pipe(), os.pipe()

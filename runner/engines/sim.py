@@ -7,6 +7,7 @@ import os
 import sys
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from runner.clock import Clock
 from runner.engines.process import ProcessBackend, ProcessEngine
@@ -95,8 +96,10 @@ class SimBackend(ProcessBackend):
         self._nvml = ScenarioNvml(self.scenario)
         super().__init__(self._nvml, clock=Clock.scaled(speed))  # the simulator's time is the runner's
 
-    async def launch(self, argv: list[str], *, run_id: str, image: str) -> ProcessEngine:
-        engine = await super().launch(argv, run_id=run_id, image=image)
+    async def launch(
+        self, argv: list[str], *, run_id: str, image: str, fresh_caches: Path | None = None
+    ) -> ProcessEngine:
+        engine = await super().launch(argv, run_id=run_id, image=image, fresh_caches=fresh_caches)
         try:
             settings = parse_settings(self.command(argv)[3:])  # read the way the simulator reads it
         except UsageError:

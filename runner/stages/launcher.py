@@ -6,6 +6,7 @@ import asyncio
 import shlex
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import aiohttp
 
@@ -67,10 +68,11 @@ def shell_line(command: ServeCommand) -> str:
     return shlex.join(redactor().argv(command.argv()))
 
 
-async def launch(ctx: RunContext, command: ServeCommand, source: str) -> Launch:
+async def launch(ctx: RunContext, command: ServeCommand, source: str, fresh_caches: Path | None = None) -> Launch:
     """Stops the running engine (if any), starts `command` and follows it until it answers or fails.
 
     A failed launch is stopped at once: its first error is certain, waiting longer only costs GPU time.
+    `fresh_caches`: the launch gets new, empty caches there (EngineBackend.launch), the host's are left alone.
     """
     await release(ctx)
     await _guard_gpu_memory(ctx)
@@ -85,7 +87,10 @@ async def launch(ctx: RunContext, command: ServeCommand, source: str) -> Launch:
     proxies = [pb.ProxyUsed(id=p.id, removes=p.removes) for p in used]
     await ctx.emit(launch_started=pb.LaunchStarted(source=source, line=line, proxies=proxies, number=ctx.launches))
     ctx.running_proxies = tuple(p.id for p in used)
-    starting = asyncio.ensure_future(ctx.backend.launch(launched.argv(), run_id=ctx.run_id, image=ctx.request.image))
+    fresh = {"fresh_caches": fresh_caches} if fresh_caches is not None else {}  # only the control launch asks
+    starting = asyncio.ensure_future(
+        ctx.backend.launch(launched.argv(), run_id=ctx.run_id, image=ctx.request.image, **fresh)
+    )
     try:
         ctx.engine = await asyncio.shield(starting)
     except asyncio.CancelledError:  # cancelled while the engine was starting: stop what it started, then go
