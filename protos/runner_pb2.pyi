@@ -60,6 +60,7 @@ class ChecklistId(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHECKLIST_ID_OOM_NOT_SECONDARY: _ClassVar[ChecklistId]
     CHECKLIST_ID_REVERTIBLE_BASELINE: _ClassVar[ChecklistId]
     CHECKLIST_ID_FAILURE_REPEATED: _ClassVar[ChecklistId]
+    CHECKLIST_ID_CACHES_NOT_STALE: _ClassVar[ChecklistId]
 
 class ChecklistState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -142,6 +143,7 @@ CHECKLIST_ID_PREFIX_CACHING_ISOLATED: ChecklistId
 CHECKLIST_ID_OOM_NOT_SECONDARY: ChecklistId
 CHECKLIST_ID_REVERTIBLE_BASELINE: ChecklistId
 CHECKLIST_ID_FAILURE_REPEATED: ChecklistId
+CHECKLIST_ID_CACHES_NOT_STALE: ChecklistId
 CHECKLIST_STATE_UNSPECIFIED: ChecklistState
 CHECKLIST_STATE_PENDING: ChecklistState
 CHECKLIST_STATE_HOLDS: ChecklistState

@@ -83,5 +83,10 @@ CHECKLIST = (
     ChecklistItem("oom_not_secondary", ("verdict",), "an OOM is the cause, not a later symptom or leftover memory"),
     ChecklistItem("revertible_baseline", ("verdict",), "the last stable launch command, to go back to"),
     ChecklistItem("failure_repeated", ("verdict",), "the same failure at the same phase on each attempt"),
+    ChecklistItem(
+        "caches_not_stale",
+        ("minimal_launch", "verdict"),
+        "one control launch with fresh, empty caches fails the same way (not applicable when none was needed)",
+    ),
 )
 CHECKLIST_IDS = [item.id for item in CHECKLIST]

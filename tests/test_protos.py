@@ -34,7 +34,7 @@ def test_vocabulary_is_the_designs() -> None:
     assert vocab.CHECKLIST_IDS == [
         "host_driver_recorded", "container_gpu_view_recorded", "image_and_versions_pinned",
         "minimal_command_one_line", "first_error_saved", "single_request_fixed", "prefix_caching_isolated",
-        "oom_not_secondary", "revertible_baseline", "failure_repeated",
+        "oom_not_secondary", "revertible_baseline", "failure_repeated", "caches_not_stale",
     ]  # fmt: skip
     assert vocab.ids(pb.ChecklistId) == vocab.CHECKLIST_IDS  # the table and the wire enum agree
     assert all(item.stages and set(item.stages) <= set(vocab.STAGES) and item.evidence for item in vocab.CHECKLIST)
