@@ -299,6 +299,13 @@ class StreamAnalyzer:
         """Count lines that watch() said cannot change the result, without reading them."""
         self._n += count
 
+    @property
+    def holds_logged_error(self) -> bool:
+        """For whole-file analysis: nothing failed, is open or stopped the search, and a logged error line is held
+        (the first error unless a stronger one comes). A later line at an error level then changes the result only
+        as the header of a traceback that follows it, or by the frames it names (runner.analyzer.scan)."""
+        return self._first_error is None and not self._open and not self._stopped_at and bool(self._weak)
+
     def stalled(self, now: float, threshold_s: float) -> Stall | None:
         """A hang: no progress line for threshold_s (lines vLLM repeats while waiting do not count).
 
