@@ -322,7 +322,7 @@ class PhaseReached(_message.Message):
     def __init__(self, phase: _Optional[_Union[Phase, str]] = ..., line: _Optional[str] = ...) -> None: ...
 
 class FirstError(_message.Message):
-    __slots__ = ("phase", "category", "line", "context", "secondary_oom", "signature", "hint")
+    __slots__ = ("phase", "category", "line", "context", "secondary_oom", "signature", "hint", "stacks")
     PHASE_FIELD_NUMBER: _ClassVar[int]
     CATEGORY_FIELD_NUMBER: _ClassVar[int]
     LINE_FIELD_NUMBER: _ClassVar[int]
@@ -330,6 +330,7 @@ class FirstError(_message.Message):
     SECONDARY_OOM_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     HINT_FIELD_NUMBER: _ClassVar[int]
+    STACKS_FIELD_NUMBER: _ClassVar[int]
     phase: Phase
     category: ErrorCategory
     line: str
@@ -337,7 +338,8 @@ class FirstError(_message.Message):
     secondary_oom: bool
     signature: str
     hint: str
-    def __init__(self, phase: _Optional[_Union[Phase, str]] = ..., category: _Optional[_Union[ErrorCategory, str]] = ..., line: _Optional[str] = ..., context: _Optional[_Iterable[str]] = ..., secondary_oom: _Optional[bool] = ..., signature: _Optional[str] = ..., hint: _Optional[str] = ...) -> None: ...
+    stacks: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, phase: _Optional[_Union[Phase, str]] = ..., category: _Optional[_Union[ErrorCategory, str]] = ..., line: _Optional[str] = ..., context: _Optional[_Iterable[str]] = ..., secondary_oom: _Optional[bool] = ..., signature: _Optional[str] = ..., hint: _Optional[str] = ..., stacks: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ChecklistItem(_message.Message):
     __slots__ = ("item", "state", "evidence")
