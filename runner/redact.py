@@ -18,15 +18,15 @@ import hmac
 import json
 import os
 import re
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from typing import Any, TypeVar
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
+
+from runner.toml_reader import packaged
 
 KEY_ENV = "K3REPRO_REDACTION_KEY"
 PLACEHOLDER = re.compile(r"\[REDACTED:[0-9a-f]{8}\]")
@@ -213,14 +213,13 @@ def printable(text: str) -> str:
 
 @cache
 def redactor() -> Redactor:
-    text = resources.files("runner.data").joinpath("redaction.toml").read_text(encoding="utf-8")
-    rules = tomllib.loads(text)
+    rules = packaged("redaction.toml")
     key = os.environ.get(KEY_ENV, "").encode() or os.urandom(32)
     return Redactor(
-        env_names=re.compile("|".join(rules["env_name_patterns"]), re.IGNORECASE),
-        secret_flags=frozenset(rules["secret_flags"]),
-        text=tuple(re.compile(p) for p in rules["text_patterns"]),
+        env_names=re.compile("|".join(rules.texts("env_name_patterns", required=True)), re.IGNORECASE),
+        secret_flags=frozenset(rules.texts("secret_flags", required=True)),
+        text=tuple(re.compile(p) for p in rules.texts("text_patterns", required=True)),
         key=key,
-        flag_names=re.compile("|".join(rules["secret_flag_patterns"])),
-        secret_keys=re.compile("|".join(rules["secret_key_patterns"])),
+        flag_names=re.compile("|".join(rules.texts("secret_flag_patterns", required=True))),
+        secret_keys=re.compile("|".join(rules.texts("secret_key_patterns", required=True))),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import tomllib
 from collections.abc import Collection
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,17 @@ def read_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
+
+
+def packaged(name: str) -> TomlReader:
+    """A data file shipped in runner/data, through the same typed reader as a config: a bad row of ladder.toml
+    or proxies.toml is named by file, row and key, never a KeyError from deep inside a stage."""
+    origin = f"runner/data/{name}"
+    try:
+        data = tomllib.loads(resources.files("runner.data").joinpath(name).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{origin}: {exc}") from None
+    return TomlReader(data, origin)
 
 
 def unknown_keys(data: dict[str, Any], known: Collection[str], file: str, table: str = "") -> str | None:
@@ -89,15 +101,44 @@ class TomlReader:
     def flag(self, key: str, default: bool) -> bool:
         return bool(self._get(key, default, (bool,), "true or false"))
 
-    def number(self, key: str, default: float) -> float:
-        return float(self._get(key, default, (int, float), "a number"))
+    def number(self, key: str, default: float | None = None) -> float:
+        return float(self._get(key, _REQUIRED if default is None else default, (int, float), "a number"))
 
-    def texts(self, key: str) -> list[str]:
-        values: list[Any] = self._get(key, [], (list,), "a list of strings")
+    def texts(self, key: str, *, required: bool = False) -> list[str]:
+        values: list[Any] = self._get(key, _REQUIRED if required else [], (list,), "a list of strings")
         if not all(isinstance(v, str) for v in values):
             raise ConfigError(f"{self.origin}: {key!r} must be a list of strings")
         return values
 
+    def whole(self, key: str, default: object = None) -> int:
+        result: int = self._get(key, _REQUIRED if default is None else default, (int,), "a whole number")
+        return result
+
     def table(self, key: str) -> dict[str, Any]:
         result: dict[str, Any] = self._get(key, {}, (dict,), "a table")
         return result
+
+    def section(self, key: str) -> TomlReader:
+        """A required sub-table, read by its own reader (`FILE [key]`)."""
+        data: dict[str, Any] = self._get(key, _REQUIRED, (dict,), "a table")
+        return TomlReader(data, f"{self.origin} [{key}]")
+
+    def rows(self, key: str) -> list[TomlReader]:
+        """An array of tables (`[[key]]`), one reader per row, named by its id or name where it has one."""
+        rows: list[Any] = self._get(key, _REQUIRED, (list,), "an array of tables")
+        readers = []
+        for number, row in enumerate(rows, 1):
+            label = row.get("id", row.get("name")) if isinstance(row, dict) else None
+            where = f"{self.origin} [[{key}]] #{number}" + (f" ({label})" if isinstance(label, str) else "")
+            if not isinstance(row, dict):
+                raise ConfigError(f"{where}: must be a table")
+            readers.append(TomlReader(row, where))
+        return readers
+
+    def unread(self) -> dict[str, Any]:
+        """The keys no accessor asked for yet: a row's free-form parameters, after its known keys."""
+        return {key: value for key, value in self.data.items() if key not in self.read}
+
+    def fail(self, problem: str) -> ConfigError:
+        """An error about this table's values, named like every other (`FILE [[row]] #N (id): problem`)."""
+        return ConfigError(f"{self.origin}: {problem}")

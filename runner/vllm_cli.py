@@ -9,11 +9,11 @@ values with dotted sub-keys (`-cc.mode=none`) and `-O3`.
 from __future__ import annotations
 
 import shlex
-import tomllib
 from dataclasses import dataclass, replace
 from functools import cache
-from importlib import resources
-from typing import Literal
+from typing import Literal, cast, get_args
+
+from runner.toml_reader import packaged
 
 FlagKind = Literal["bool", "value", "json", "list"]
 
@@ -62,8 +62,7 @@ class FlagTable:
 @cache
 def ladder_step_ids() -> tuple[str, ...]:
     """The ladder's steps, in order: runner/data/ladder.toml is their one definition."""
-    text = resources.files("runner.data").joinpath("ladder.toml").read_text(encoding="utf-8")
-    return tuple(str(row["id"]) for row in tomllib.loads(text)["step"])
+    return tuple(row.text("id") for row in packaged("ladder.toml").rows("step"))
 
 
 def flag_steps() -> tuple[str, ...]:
@@ -74,19 +73,20 @@ def flag_steps() -> tuple[str, ...]:
 @cache
 def flag_table() -> FlagTable:
     """The table shipped in runner/data/vllm_flags.toml."""
-    text = resources.files("runner.data").joinpath("vllm_flags.toml").read_text(encoding="utf-8")
     flags: dict[str, FlagSpec] = {}
-    for row in tomllib.loads(text)["flag"]:
-        if row["step"] not in flag_steps():
-            raise ValueError(f"vllm_flags.toml: {row['name']} has unknown step {row['step']!r}")
+    for row in packaged("vllm_flags.toml").rows("flag"):
+        if (kind := row.text("kind")) not in get_args(FlagKind):
+            raise row.fail(f"unknown kind {kind!r} (one of {', '.join(get_args(FlagKind))})")
         spec = FlagSpec(
-            name=row["name"],
-            kind=row["kind"],
-            step=row["step"],
-            aliases=tuple(row.get("aliases", ())),
-            choices=tuple(row.get("choices", ())),
-            off_in_minimal=bool(row.get("off_in_minimal", False)),
+            name=row.text("name"),
+            kind=cast(FlagKind, kind),
+            step=row.text("step"),
+            aliases=tuple(row.texts("aliases")),
+            choices=tuple(row.texts("choices")),
+            off_in_minimal=row.flag("off_in_minimal", False),
         )
+        if spec.step not in flag_steps():
+            raise row.fail(f"unknown step {spec.step!r}")
         flags[spec.name] = spec
     spellings: dict[str, tuple[FlagSpec, bool]] = {}
     for spec in flags.values():

@@ -76,6 +76,7 @@ TIERS: dict[str, str] = {
     "test_cli_terminal": "sim",
     "test_clock": "unit",
     "test_config": "unit",
+    "test_data_files": "unit",
     "test_config_strict": "unit",
     "test_dispatch_isolated": "sim",
     "test_docker_engine": "daemons",

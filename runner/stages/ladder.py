@@ -11,10 +11,8 @@ the deployment exactly as written: a run says "did not reproduce" only once that
 from __future__ import annotations
 
 import asyncio
-import tomllib
 from dataclasses import dataclass, field, replace
 from functools import cache
-from importlib import resources
 from typing import Any
 
 import aiohttp
@@ -27,6 +25,7 @@ from runner.stages import probes, proxies
 from runner.stages.context import Attempt, RunContext, StageResult, StepOutcome
 from runner.stages.launcher import attempt_of, foreign_now, launch
 from runner.stages.prometheus import counter_total
+from runner.toml_reader import packaged
 from runner.vllm_cli import ServeCommand
 
 FALLBACK_MAX_MODEL_LEN = 2048  # when neither the server nor the launch says: a probe too short, never too long
@@ -58,33 +57,32 @@ PROBES = ("fixed", "repeated_prefix", "long_input", "concurrent", "tools")
 
 @cache
 def ladder_spec() -> LadderSpec:
-    data = tomllib.loads(resources.files("runner.data").joinpath("ladder.toml").read_text(encoding="utf-8"))
+    data = packaged("ladder.toml")
     steps = []
-    for row in data["step"]:
-        row = dict(row)
+    for row in data.rows("step"):
         spec = StepSpec(
-            id=row.pop("id"),
-            title=row.pop("title"),
-            probe=row.pop("probe"),
-            flags=row.pop("flags", ""),
-            needs_peers=row.pop("needs_peers", False),
-            as_written=row.pop("as_written", False),
-            params=row,
+            id=row.text("id"),
+            title=row.text("title"),
+            probe=row.text("probe"),
+            flags=row.text("flags", ""),
+            needs_peers=row.flag("needs_peers", False),
+            as_written=row.flag("as_written", False),
+            params=row.unread(),
         )
         if spec.probe not in PROBES:
-            raise ValueError(f"ladder.toml: step {spec.id} has unknown probe {spec.probe!r}")
+            raise row.fail(f"unknown probe {spec.probe!r} (one of {', '.join(PROBES)})")
         steps.append(spec)
     if len({s.id for s in steps}) != len(steps):
-        raise ValueError("ladder.toml: two steps have the same id")
+        raise data.fail("two steps have the same id")
     if not steps[-1].as_written or any(s.as_written for s in steps[:-1]):
-        raise ValueError("ladder.toml: the last step, and only it, is the deployment as written (as_written = true)")
-    metrics = data["metrics"]
+        raise data.fail("the last step, and only it, is the deployment as written (as_written = true)")
+    metrics = data.section("metrics")
     return LadderSpec(
         steps=tuple(steps),
-        outcomes=dict(data["outcomes"]),
-        prefix_queries=tuple(metrics["prefix_queries"]),
-        prefix_hits=tuple(metrics["prefix_hits"]),
-        settle_s=float(metrics["settle_s"]),
+        outcomes={key: str(value) for key, value in data.table("outcomes").items()},
+        prefix_queries=tuple(metrics.texts("prefix_queries")),
+        prefix_hits=tuple(metrics.texts("prefix_hits")),
+        settle_s=metrics.number("settle_s"),
     )
 
 

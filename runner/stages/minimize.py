@@ -13,11 +13,9 @@ confirmed once on the real configuration.
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from functools import cache
-from importlib import resources
 from typing import Literal
 
 from protos import runner_pb2 as pb
@@ -25,6 +23,7 @@ from protos.vocab import PHASES, to_id
 from runner.stages import ladder, proxies
 from runner.stages.context import Attempt, RunContext, StageResult
 from runner.stages.launcher import launch, release, shell_line
+from runner.toml_reader import packaged
 from runner.vllm_cli import Option, ServeCommand, flag_table
 
 Verdict = Literal["fail", "pass", "unresolved"]
@@ -40,8 +39,8 @@ class Limits:
 
 @cache
 def limits() -> Limits:
-    data = tomllib.loads(resources.files("runner.data").joinpath("minimize.toml").read_text(encoding="utf-8"))
-    return Limits(float(data["confidence"]), int(data["max_tries"]), int(data["max_tests"]))
+    data = packaged("minimize.toml")
+    return Limits(data.number("confidence"), data.whole("max_tries"), data.whole("max_tests"))
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,13 @@ otherwise it is reported, abandoned and the real launch made: a proxy is never t
 from __future__ import annotations
 
 import contextlib
-import tomllib
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 
 from protos.vocab import PHASES
 from runner.stages.context import Attempt, RunContext
+from runner.toml_reader import packaged
 from runner.vllm_cli import ServeCommand, flag_table
 
 
@@ -50,28 +49,28 @@ class Proxy:
 
 @cache
 def proxies() -> tuple[Proxy, ...]:
-    data = tomllib.loads(resources.files("runner.data").joinpath("proxies.toml").read_text(encoding="utf-8"))
     table = flag_table().flags
     found = []
-    for row in data["proxy"]:
-        if row["flag"] not in table:
-            raise ValueError(f"proxies.toml: {row['id']} uses {row['flag']}, which is not in vllm_flags.toml")
-        if row["useful_from"] not in PHASES:
-            raise ValueError(f"proxies.toml: {row['id']} has unknown useful_from {row['useful_from']!r}")
-        found.append(
-            Proxy(
-                id=row["id"],
-                flag=row["flag"],
-                value=row.get("value", True),
-                removes=row["removes"],
-                never_phases=frozenset(row.get("never_phases", ())),
-                never_categories=frozenset(row.get("never_categories", ())),
-                never_during=frozenset(row.get("never_during", ())),
-                useful_from=row["useful_from"],
-                ladder=bool(row.get("ladder", False)),
-                replaces=bool(row.get("replaces", False)),
-            )
+    for row in packaged("proxies.toml").rows("proxy"):
+        proxy = Proxy(
+            id=row.text("id"),
+            flag=row.text("flag"),
+            value=row.value("value", True),
+            removes=row.text("removes"),
+            never_phases=frozenset(row.texts("never_phases")),
+            never_categories=frozenset(row.texts("never_categories")),
+            never_during=frozenset(row.texts("never_during")),
+            useful_from=row.text("useful_from"),
+            ladder=row.flag("ladder", False),
+            replaces=row.flag("replaces", False),
         )
+        if proxy.flag not in table:
+            raise row.fail(f"{proxy.flag} is not in vllm_flags.toml")
+        if not isinstance(proxy.value, str | bool):
+            raise row.fail(f"'value' must be a string or true, got {proxy.value!r}")
+        if proxy.useful_from not in PHASES:
+            raise row.fail(f"unknown useful_from {proxy.useful_from!r}")
+        found.append(proxy)
     return tuple(found)
 
 
