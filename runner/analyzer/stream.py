@@ -253,15 +253,15 @@ class StreamAnalyzer:
         key: _WatchKey
         if self._first_error is None:
             ok = _idle
-            # What _quiet looks for: until readiness every marker (start-ups are short: fewer needle
-            # sets to compile), then those that can still change something; the contexts' next edges
+            # What _quiet looks for: the markers that can still change something (an excerpt without
+            # readiness repeats a seen phase's marker on every access line), the contexts' next edges
             # and, while serving, a stop notice (a line a serving log repeats then costs one read, not
             # one per repetition).
             edges = tuple(c.end if c.name in self._contexts else c.start for c in self.rules.contexts)
             if self._stop_armed():
                 assert self.rules.stop is not None
                 edges += (self.rules.stop,)
-            key = (True, self._active_markers if self._ready else self.rules.markers, edges, False, False)
+            key = (True, self._active_markers, edges, False, False)
         else:
             # Only a later OOM (secondary_oom), one of the first few wrappers (--explain lists them; neither
             # in a suppressed traceback) and markers of phases not seen yet can still count. While a phase is unseen
