@@ -178,7 +178,7 @@ async def test_a_cuda_graph_capture_failure_gets_one_enforce_eager_diagnostic(ce
     launch = _stage(events, pb.STAGE_MINIMAL_LAUNCH)
     assert launch.status == pb.STAGE_STATUS_FAILED and launch.summary.endswith(verdict)
     assert "minimal_launch/enforce-eager" in {e.log_chunk.source for e in events if e.HasField("log_chunk")}
-    assert _finished(events).launches == 3  # the failure, the diagnostic, the repeat
+    assert _finished(events).launches == 4  # the failure, the diagnostic, the repeat, the fresh-cache control
 
 
 DEPLOYMENT_LOG = (  # what `kubectl logs` of the failing deployment showed: NCCL fails while ranks start

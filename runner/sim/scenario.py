@@ -21,9 +21,11 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, TypeVar, get_args, get_type_hints
 
+from runner.fingerprint.caches import cache_specs
 from runner.sim.conditions import REQUEST_CONDITIONS, When, number, split_condition
 from runner.sim.datafiles import load
-from runner.toml_reader import ConfigError, read_toml
+from runner.sim.jit_cache import JitCache
+from runner.toml_reader import ConfigError, read_toml, strict
 from runner.vllm_cli import FlagSpec, LaunchCommandError, flag_table, parse_launch_command
 
 PHASES = ("gpu_detect", "weight_load", "engine_init", "api_listen", "request")
@@ -146,6 +148,7 @@ class Scenario:
     model: Model
     timings: Timings
     faults: tuple[Fault, ...]
+    jit_cache: JitCache | None = None  # a JIT kernel cache engine_init reads (runner/sim/jit_cache.py)
 
     def check_ranks(self, tensor_parallel_size: int) -> None:
         """A fault on a rank the launch does not have is a scenario that cannot apply: say so."""
@@ -199,7 +202,7 @@ def load_scenario(path: str | None, error_phases: Mapping[str, str]) -> Scenario
     """The scenario at `path` (None: defaults, no faults); `error_phases` maps catalog keys to phases."""
     source = path or "(no scenario)"
     data = read_toml(Path(path)) if path else {}
-    unknown = set(data) - {"description", "deployment", "host", "image", "model", "timings", "fault"}
+    unknown = set(data) - {"description", "deployment", "host", "image", "model", "timings", "fault", "jit_cache"}
     if unknown:
         raise ConfigError(f"{source}: unknown key {sorted(unknown)[0]!r}")
     defaults = load("defaults.toml")
@@ -224,7 +227,22 @@ def load_scenario(path: str | None, error_phases: Mapping[str, str]) -> Scenario
         model=_section(Model, defaults["model"], data.get("model", {}), f"{source}: [model]"),
         timings=_section(Timings, defaults["timings"], data.get("timings", {}), f"{source}: [timings]"),
         faults=parsed,
+        jit_cache=_jit_cache(data.get("jit_cache"), error_phases, f"{source}: [jit_cache]"),
     )
+
+
+def _jit_cache(raw: Any, error_phases: Mapping[str, str], where: str) -> JitCache | None:
+    if raw is None:
+        return None
+    reader = strict(raw, ("cache", "build", "errors", "left_by"), where)
+    cache, errors = reader.text("cache"), tuple(reader.texts("errors", required=True))
+    if cache not in {spec.name for spec in cache_specs()}:
+        known = ", ".join(spec.name for spec in cache_specs())
+        raise ConfigError(f"{where}: cache {cache!r} is not one of runner/data/caches.toml's ({known})")
+    for error in errors:
+        if error_phases.get(error, "engine_init") != "engine_init":
+            raise ConfigError(f"{where}: error {error!r} happens in {error_phases[error]}, not engine_init")
+    return JitCache(cache, reader.text("build"), errors, reader.text("left_by", ""))
 
 
 def _deployment(raw: Any, where: str) -> Deployment:

@@ -18,6 +18,7 @@ from runner.sim import bars
 from runner.sim.catalog import Catalog, ErrorSpec
 from runner.sim.clock import SimClock
 from runner.sim.datafiles import load
+from runner.sim.jit_cache import compile_into, stale_error
 from runner.sim.logwriter import LogWriter, Proc, Procs, Role
 from runner.sim.scenario import STARTUP_PHASES
 from runner.sim.sizing import Facts
@@ -85,6 +86,9 @@ def planned_failure(facts: Facts, catalog: Catalog) -> Failure | None:
         and fault.when.launch_matches(command, host)
         and fault.strikes(host.seed, facts.launch)
     ]
+    jit = facts.scenario.jit_cache
+    if jit is not None and (stale := stale_error(jit, facts.launch)):  # read where engine_init loads its kernels
+        faults.append(Failure(midway(catalog.spec(stale, "engine_init"))))
     candidates = [(when(f.spec), False, f) for f in faults]
     candidates += [(when(catalog.errors[e]), True, Failure(catalog.errors[e])) for e in facts.natural_errors()]
     return min(candidates, key=lambda c: c[:2])[2] if candidates else None  # stable: file order within a tie
@@ -128,6 +132,8 @@ class Startup:
                     return bind_error
             if stop_at and stop_at.phase == phase:
                 return failure
+            if phase == "engine_init" and self._facts.scenario.jit_cache is not None:
+                compile_into(self._facts.scenario.jit_cache)  # its kernels, built into an empty (or its own) cache
         return None
 
     def _ranks(self, line: ScriptLine) -> list[tuple[Proc, int]]:

@@ -82,6 +82,7 @@ class RunContext:
     reasons: list[str] = field(default_factory=list)
     headline: str = ""  # the verdict as one line: cause, evidence, next action (stages/verdict_line.py)
     diagnosis: str = ""  # the --enforce-eager diagnostic's answer, when the minimal launch ran it
+    stale_caches: tuple[str, ...] = ()  # the host's caches to clear, when the fresh-cache control answered
     stopped_at: tuple[str, str] | None = None  # the stage that did not succeed, and its summary
 
     def unsettled(self) -> list[str]:

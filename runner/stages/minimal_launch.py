@@ -3,14 +3,15 @@
 A failing minimal launch is attempted again (engine.failure_attempts in all): the same failure at the same
 place is what "reproduced" means, and a failure that moves between phases says the environment is unstable.
 A failure around CUDA graph capture gets one diagnostic relaunch with --enforce-eager (DESIGN §1): if that
-launch answers, CUDA graphs are the trigger.
+launch answers, CUDA graphs are the trigger. A failure in engine_init, one that moves between phases, or one met
+while a cache was read gets one control launch with fresh, empty caches (stages/cache_control.py).
 """
 
 from __future__ import annotations
 
 from protos import runner_pb2 as pb
 from runner.analyzer import ErrorFinding
-from runner.stages import proxies
+from runner.stages import cache_control, proxies
 from runner.stages.context import Attempt, RunContext, StageResult
 from runner.stages.launcher import launch, release, shell_line
 
@@ -39,6 +40,7 @@ async def run(ctx: RunContext) -> StageResult:
         ctx.attempts.append(await proxies.repeat(ctx, target, again))
         if not ctx.attempts[-1].phase:  # it answered: the failure did not repeat
             break
+    await cache_control.run(ctx, minimal)
     same = sum(1 for a in ctx.attempts if a.same_as(ctx.attempts[0]))
     summary = f"{first.summary} ({same} of {len(ctx.attempts)} attempts failed the same way)"
     return StageResult(pb.STAGE_STATUS_FAILED, f"{summary}; {diagnosis}" if diagnosis else summary)

@@ -23,6 +23,7 @@ async def run(ctx: RunContext) -> StageResult:
     await _oom(ctx)
     await _revertible(ctx)
     await _repeated(ctx)
+    await _caches(ctx)
     ctx.decision, ctx.reasons = decide(ctx)
     if compared := against_deployment(ctx):
         ctx.reasons.append(compared)
@@ -158,6 +159,21 @@ async def _revertible(ctx: RunContext) -> None:
         await ctx.check(
             pb.CHECKLIST_ID_REVERTIBLE_BASELINE, FAILS, "even the minimal launch fails: no stable configuration yet"
         )
+
+
+async def _caches(ctx: RunContext) -> None:
+    """caches_not_stale without a control launch (stages/cache_control.py settles it when one ran)."""
+    if pb.CHECKLIST_ID_CACHES_NOT_STALE in ctx.checklist:
+        return
+    if ctx.attempts:
+        await ctx.check(
+            pb.CHECKLIST_ID_CACHES_NOT_STALE,
+            MOOT,
+            "no fresh-cache control: the failure was not in a phase that reads the caches, did not move between "
+            "phases and was not met while a cache was read (runner/data/cache_control.toml)",
+        )
+    elif ctx.steps:
+        await ctx.check(pb.CHECKLIST_ID_CACHES_NOT_STALE, MOOT, "no fresh-cache control: the minimal launch answered")
 
 
 async def _repeated(ctx: RunContext) -> None:

@@ -24,11 +24,14 @@ def headline(ctx: RunContext) -> str:
 def _finding(ctx: RunContext) -> tuple[str, str, list[str]]:
     run = ctx.run_id
     if ctx.decision == pb.DECISION_ISOLATE:
+        clear = [f"clear {', '.join(ctx.stale_caches)} (fresh caches started)"] if ctx.stale_caches else []
         return (
             f"the environment is unstable: {ctx.reasons[0]}",
             "",
-            [f"rerun the frozen case on an isolated node (/k3repro rerun {run} isolated)"],
+            [*clear, f"rerun the frozen case on an isolated node (/k3repro rerun {run} isolated)"],
         )
+    if stale := _stale_cache(ctx):
+        return stale
     if ctx.stopped_at and ctx.stopped_at[0] == "baseline":
         return f"the baseline blocks this scene: {ctx.stopped_at[1]}", "nothing was launched", ["fix the scene first"]
     trigger = next((s for s in ctx.steps if s.failure is not None), None)
@@ -49,6 +52,26 @@ def _finding(ctx: RunContext) -> tuple[str, str, list[str]]:
     if ctx.stopped_at:
         return f"the run stopped in {ctx.stopped_at[0]}: {ctx.stopped_at[1]}", "", []
     return ctx.reasons[0] if ctx.reasons else "no evidence", "", []
+
+
+def _stale_cache(ctx: RunContext) -> tuple[str, str, list[str]] | None:
+    """The fresh-cache control's finding when it answered (stages/cache_control.py): the cache is the cause."""
+    state, evidence = _control(ctx)
+    if state != pb.CHECKLIST_STATE_FAILS:
+        return None
+    failed = next((a for a in ctx.attempts if a.phase), None)
+    seen = f"{_repeats(ctx)} failed, first in {failed.phase} [{failed.category}]: {short(failed)}" if failed else ""
+    where = ", ".join(ctx.stale_caches) or "the engine's caches"
+    return (
+        evidence,
+        seen,
+        [f"clear {where} (or move it aside) and start again", "find what wrote it: a version change, a shared cache"],
+    )
+
+
+def _control(ctx: RunContext) -> tuple[pb.ChecklistState, str]:
+    """The fresh-cache control's checklist item (caches_not_stale): its state and evidence."""
+    return ctx.checklist.get(pb.CHECKLIST_ID_CACHES_NOT_STALE, (pb.CHECKLIST_STATE_PENDING, ""))
 
 
 def _trigger(ctx: RunContext, step: StepOutcome, failure: Attempt) -> tuple[str, str, list[str]]:
@@ -77,6 +100,8 @@ def _early(ctx: RunContext, failed: Attempt) -> tuple[str, str, list[str]]:
         named = ", ".join(ctx.holder_notes[p] for p in holders[:3])
         cause += "; the OOM is secondary" if failed.secondary_oom else ""
         actions.append(f"free the GPUs first ({named})" if named else "find what else holds GPU memory")
+    if _control(ctx)[0] == pb.CHECKLIST_STATE_HOLDS:
+        cause += "; it fails the same with fresh caches: not the caches"
     if not actions:
         actions.append(f"rerun on an isolated node (/k3repro rerun {ctx.run_id} isolated) to tell software from host")
     return cause, _repeats(ctx), actions

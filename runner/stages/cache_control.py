@@ -1,0 +1,115 @@
+"""The fresh-cache control: does a failure follow the host's caches?
+
+A stale or half-written compile, JIT or remote-code cache makes "a different error on every start", or one that
+repeats in engine_init exactly like a software bug. When the minimal launch's failure looks like that
+(runner/data/cache_control.toml), the method launches it ONCE more with every cache of runner/data/caches.toml
+moved to a new, empty folder in the run's work dir (the backend decides where: EngineBackend.launch). The host's
+caches are never touched. If that launch answers, the host's cache is stale: clear it; if it fails the same way,
+the caches are ruled out. The answer is the checklist item caches_not_stale.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from protos import runner_pb2 as pb
+from runner.stages import proxies
+from runner.stages.context import Attempt, RunContext
+from runner.stages.launcher import launch, release
+from runner.toml_reader import read_toml, strict
+from runner.vllm_cli import ServeCommand
+
+SOURCE = "minimal_launch/fresh-caches"
+HOLDS, FAILS, PENDING = pb.CHECKLIST_STATE_HOLDS, pb.CHECKLIST_STATE_FAILS, pb.CHECKLIST_STATE_PENDING
+
+
+@cache
+def _rules() -> tuple[frozenset[str], Mapping[str, tuple[str, ...]]]:
+    """(phases, caches named by context) from runner/data/cache_control.toml."""
+    path = Path(str(resources.files("runner.data").joinpath("cache_control.toml")))
+    reader = strict(read_toml(path), ("phases", "during"), str(path))
+    during = {row.text("context"): tuple(row.texts("caches", required=True)) for row in reader.rows("during")}
+    return frozenset(reader.texts("phases", required=True)), during
+
+
+def why(attempts: list[Attempt]) -> str:
+    """Why these attempts call for the control ("" when they do not): the condition, in words."""
+    failed = [a for a in attempts if a.phase and not a.foreign]
+    phases, during = _rules()
+    moved = list(dict.fromkeys(a.phase for a in failed))
+    if len(moved) > 1:
+        return f"the failure moves between phases ({', '.join(moved)})"
+    if any(a.phase in phases for a in failed):
+        return f"the failure is in {failed[0].phase}"
+    if read := next((a.during for a in failed if a.during in during), ""):
+        return f"the failure was met during {read}"
+    return ""
+
+
+async def run(ctx: RunContext, command: ServeCommand) -> None:
+    """The control launch, when the attempts call for it; settles caches_not_stale either way it goes."""
+    reason = why(ctx.attempts)
+    if not reason:
+        return
+    target = next(a for a in ctx.attempts if a.phase and not a.foreign)
+    root = ctx.config.state_dir / "runs" / ctx.run_id / "fresh-caches"
+    numbers = itertools.count(1)
+
+    async def control() -> Attempt:
+        folder = root / f"launch-{next(numbers)}"  # each launch its own empty caches: one never sees another's
+        launched = await launch(ctx, command, SOURCE, fresh_caches=folder)
+        await release(ctx)
+        if launched.ready:
+            return Attempt("", "", "")
+        return launched.failure or Attempt("", "other", launched.summary)
+
+    got = await proxies.repeat(ctx, target, control)
+    answered = not got.phase and not got.signature
+    suspects = stale_suspects(ctx.fingerprint, target)
+    if answered:
+        where = ", ".join(path for _, path in suspects) or "the engine's caches (runner/data/caches.toml)"
+        ctx.stale_caches = tuple(path for _, path in suspects)
+        names = " and ".join(dict.fromkeys(name for name, _ in suspects)) or "a"
+        state, evidence = (
+            FAILS,
+            f"a fresh {names} cache starts: with new, empty caches the launch answers, where with the host's caches {reason}; "
+            f"the host's cache is stale: clear {where}",
+        )
+    elif got.foreign:
+        state, evidence = PENDING, "the control launch started while other processes held GPU memory: not evidence"
+    elif got.same_as(target):
+        state, evidence = HOLDS, f"fails the same with fresh caches ({got.phase} [{got.category}]): not the caches"
+    else:
+        state, evidence = (
+            PENDING,
+            f"with fresh caches it fails differently ({got.phase} [{got.category}], where the host's caches gave "
+            f"{target.phase} [{target.category}]): the caches change the failure, not clearly its cause",
+        )
+    await ctx.artifact(
+        "fresh_caches_control",
+        {
+            "why": reason,
+            "outcome": "answered" if answered else f"failed in {got.phase} [{got.category}]",
+            "finding": evidence,
+            "suspects": [{"cache": name, "path": path} for name, path in suspects],
+        },
+    )
+    await ctx.check(pb.CHECKLIST_ID_CACHES_NOT_STALE, state, evidence)
+
+
+def stale_suspects(fingerprint: Mapping[str, Any] | None, target: Attempt) -> list[tuple[str, str]]:
+    """(cache name, path as the freeze recorded it) of the caches a stale-cache finding names: the non-empty ones
+    the failure's context points at, else every non-empty one."""
+    recorded = [
+        c
+        for c in ((fingerprint or {}).get("caches") or {}).get("caches") or []
+        if c.get("exists") and c.get("entries") and c.get("path")
+    ]
+    named = _rules()[1].get(target.during, ())
+    pointed = [c for c in recorded if c.get("name") in named]
+    return [(str(c["name"]), str(c["path"])) for c in pointed or recorded]

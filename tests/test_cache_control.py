@@ -1,0 +1,104 @@
+"""The fresh-cache control on the real runner and vllm-sim: a stale JIT cache is named, a software failure is not.
+
+The simulator keeps its JIT kernels where FlashInfer keeps its cache (FLASHINFER_WORKSPACE_BASE), read as the real
+server reads it; the runner's control launch moves every cache to a new, empty folder under the run's work dir.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bot.report import run_report
+from protos import runner_pb2 as pb
+from protos.vocab import to_id
+from runner.engines.fresh_caches import redirect
+from runner.fingerprint.caches import cache_specs
+from runner.sim import jit_cache
+from runner.stages.cache_control import SOURCE, why
+from runner.stages.context import Attempt
+from runner.tls import DevCerts
+from tests.k3fixtures import run_to_end, runner_data
+
+
+@pytest.fixture
+def host_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The host's caches, each where its variable says (none of this machine's own): all absent to start with."""
+    root = tmp_path / "host-caches"
+    for spec in cache_specs():
+        monkeypatch.setenv(spec.env, str(root / spec.name))
+    return root
+
+
+def _checklist(events: list[pb.RunEvent]) -> dict[str, tuple[int, str]]:
+    return {
+        to_id(pb.ChecklistId, e.checklist_item.item): (e.checklist_item.state, e.checklist_item.evidence)
+        for e in events
+        if e.HasField("checklist_item")
+    }
+
+
+def _controls(events: list[pb.RunEvent]) -> list[pb.LaunchStarted]:
+    return [e.launch_started for e in events if e.HasField("launch_started") and SOURCE in e.launch_started.source]
+
+
+async def test_a_stale_jit_cache_fails_differently_each_start_and_the_fresh_cache_control_names_it(
+    certs: DevCerts, tmp_path: Path, host_caches: Path
+) -> None:
+    jit_cache.write("flashinfer", "vllm-0.31.1+cu129")  # an older image's kernels, left in the host's cache
+    stale = sorted((host_caches / "flashinfer").rglob("*.so"))
+    events = await run_to_end(certs, tmp_path, runner_data(certs, tmp_path / "runner", scenario="stale-jit-cache"))
+    errors = [e.first_error for e in events if e.HasField("first_error")]
+    assert {to_id(pb.Phase, e.phase) for e in errors} == {"engine_init"} and len({e.signature for e in errors}) == 2
+    state, evidence = _checklist(events)["caches_not_stale"]
+    where = str(host_caches / "flashinfer")
+    assert state == pb.CHECKLIST_STATE_FAILS and f"the host's cache is stale: clear {where}" in evidence
+    assert evidence.startswith("a fresh flashinfer cache starts")
+    assert _controls(events)  # the control ran: a proxy first, then the real configuration confirmed it
+    finished = events[-1].run_finished
+    assert finished.headline.startswith("a fresh flashinfer cache starts") and f"clear {where}" in finished.headline
+    assert sorted((host_caches / "flashinfer").rglob("*.so")) == stale  # the host's cache: read, never touched
+    fresh = tmp_path / "runner" / "runs"
+    built = sorted(p.read_text() for p in fresh.rglob("*.so"))
+    assert built and set(built) == {"vllm-0.32.0+cu130"}  # each control compiled into its own empty cache
+    report = run_report("run", events)
+    assert report["checklist"]["caches_not_stale"]["state"] == "fails"
+    artifact = json.loads(next(e.artifact.content for e in events if e.artifact.name == "fresh_caches_control"))
+    assert artifact["outcome"] == "answered" and artifact["suspects"] == [{"cache": "flashinfer", "path": where}]
+
+
+async def test_an_engine_init_failure_that_fails_the_same_with_fresh_caches_is_not_the_caches(
+    certs: DevCerts, tmp_path: Path, host_caches: Path
+) -> None:
+    events = await run_to_end(certs, tmp_path, runner_data(certs, tmp_path / "runner", scenario="cudagraph-capture"))
+    state, evidence = _checklist(events)["caches_not_stale"]
+    assert state == pb.CHECKLIST_STATE_HOLDS and "fails the same with fresh caches" in evidence
+    assert "not the caches" in events[-1].run_finished.headline
+    assert len(_controls(events)) >= 1
+
+
+async def test_a_failure_outside_the_cache_phases_gets_no_control_launch(
+    certs: DevCerts, tmp_path: Path, host_caches: Path
+) -> None:
+    events = await run_to_end(certs, tmp_path, runner_data(certs, tmp_path / "runner", scenario="demo"))
+    state, evidence = _checklist(events)["caches_not_stale"]
+    assert state == pb.CHECKLIST_STATE_NOT_APPLICABLE and "no fresh-cache control" in evidence
+    assert not _controls(events)
+
+
+def test_the_condition_is_engine_init_a_moving_phase_or_a_cache_read() -> None:
+    assert why([Attempt("engine_init", "oom", "s1")]) == "the failure is in engine_init"
+    assert "moves between phases (weight_load, engine_init)" in why(
+        [Attempt("weight_load", "other", "s1"), Attempt("engine_init", "other", "s2")]
+    )
+    assert why([Attempt("gpu_detect", "other", "s1", during="remote_code_load")]).endswith("remote_code_load")
+    assert why([Attempt("gpu_detect", "nccl_comm", "s1")]) == ""
+    assert why([Attempt("engine_init", "oom", "s1", foreign=True)]) == ""  # memory held by others: not evidence
+
+
+def test_every_cache_is_redirected_by_its_own_variable() -> None:
+    env = redirect("/work/run-1/fresh-caches/launch-1")
+    assert env == {s.env: f"/work/run-1/fresh-caches/launch-1/{s.name}" for s in cache_specs()}
+    assert {"TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT", "HF_MODULES_CACHE", "FLASHINFER_WORKSPACE_BASE"} <= set(env)
