@@ -326,7 +326,11 @@ def _timings(launches: list[LaunchSpan]) -> list[str]:
 def _repeat(found: dict[str, Any]) -> list[str]:
     check = found["checklist"].get("failure_repeated") or {}
     evidence = check.get("evidence") or "not measured (the failure was not repeated)"
-    return [f"Repeat rate: {evidence} ({check.get('state', 'pending')})."]
+    lines = [f"Repeat rate: {evidence} ({check.get('state', 'pending')})."]
+    caches = found["checklist"].get("caches_not_stale") or {}
+    if caches.get("state") in ("holds", "fails", "pending") and caches.get("evidence"):  # a fresh-cache control ran
+        lines.append(f"Fresh-cache control: {caches['evidence']} ({caches['state']}).")
+    return lines
 
 
 def _ladder(record: RunRecord) -> list[str]:
