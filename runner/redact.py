@@ -30,9 +30,11 @@ from runner.toml_reader import packaged
 
 KEY_ENV = "K3REPRO_REDACTION_KEY"
 PLACEHOLDER = re.compile(r"\[REDACTED:[0-9a-f]{8}\]")
-# A flag and its value in free text: `--api_key=x`, `--hf-t x`, `"--api-key", "x"` (a JSON or Python list).
+# A flag and its value in free text: `--api_key=x`, `--hf-t x`, `"--api-key", "x"` (a JSON or Python list). A
+# flag after a space or comma is no value: in `--trust-remote-code --api-key x` (a command line, as py-spy or a log
+# prints it) the value taken is x, not `--api-key`.
 _FLAG_IN_TEXT = re.compile(
-    r"""(?<![\w-])(?P<name>--[A-Za-z][\w-]*)(?:\\*["'])?(?:=|\s*[,:]\s*|\s+)(?:\\*["'])?"""
+    r"""(?<![\w-])(?P<name>--[A-Za-z][\w-]*)(?:\\*["'])?(?:=(?:\\*["'])?|(?:\s*[,:]\s*|\s+)(?:\\*["'])?(?!--[A-Za-z]))"""
     r"""(?P<secret>(?:[^\s"',;\[\]()\\]|\\(?!["']))+)"""
 )
 # An environment-style assignment in free text: `HF_TOKEN=x`, `export DB_PASSWORD="x"`, `"HF_TOKEN": "x"`.
