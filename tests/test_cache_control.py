@@ -6,12 +6,17 @@ server reads it; the runner's control launch moves every cache to a new, empty f
 
 from __future__ import annotations
 
+import gzip
 import json
+import secrets
 from pathlib import Path
 
 import pytest
 
+from bot.bundle import export_bundle
+from bot.handoff import run_handoff
 from bot.report import run_report
+from bot.store import Store
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
 from runner.engines.fresh_caches import redirect
@@ -20,7 +25,7 @@ from runner.sim import jit_cache
 from runner.stages.cache_control import SOURCE, why
 from runner.stages.context import Attempt
 from runner.tls import DevCerts
-from tests.k3fixtures import run_to_end, runner_data
+from tests.k3fixtures import bot_core, finished_run, run_to_end, runner_data
 
 
 @pytest.fixture
@@ -102,3 +107,29 @@ def test_every_cache_is_redirected_by_its_own_variable() -> None:
     env = redirect("/work/run-1/fresh-caches/launch-1")
     assert env == {s.env: f"/work/run-1/fresh-caches/launch-1/{s.name}" for s in cache_specs()}
     assert {"TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT", "HF_MODULES_CACHE", "FLASHINFER_WORKSPACE_BASE"} <= set(env)
+
+
+async def test_a_planted_secret_in_a_cache_path_never_leaves_the_control_in_clear(
+    certs: DevCerts, tmp_path: Path, host_caches: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    planted = "hf_Q7" + secrets.token_hex(16)  # a hub token's shape, planted in the host cache's path
+    folder = host_caches / planted / "flashinfer"
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(folder))
+    jit_cache.write("flashinfer", "vllm-0.31.1+cu129")
+    runner = runner_data(certs, tmp_path / "runner", scenario="stale-jit-cache")
+    async with bot_core(certs, tmp_path, runner) as core:
+        run = await finished_run(core)
+    store = Store(tmp_path / "k3.db")
+    events = b"".join(e.SerializeToString() for e in store.events(run.run_id))
+    bundle = gzip.decompress(export_bundle(store, run.run_id).to_bytes())
+    handoff = run_handoff(store, run.run_id)
+    places = {
+        "the events": events,
+        "the bundle": bundle,
+        "the hand-off report": handoff.encode(),
+        **{str(p): p.read_bytes() for p in (tmp_path / "runner").rglob("*") if p.is_file()},
+        **{str(p): p.read_bytes() for p in tmp_path.glob("k3.db*")},
+    }
+    assert b"a fresh flashinfer cache starts" in events and "Fresh-cache control: a fresh flashinfer" in handoff
+    assert b"[REDACTED:" in events and "[REDACTED:" in handoff
+    assert [name for name, data in places.items() if planted.encode() in data] == []
