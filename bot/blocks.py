@@ -38,6 +38,7 @@ MAX_SECTION = 3000
 MAX_MESSAGE = 12_000
 EVIDENCE_CHARS = 240
 CONTEXT_LINES = 6
+STACK_LINES = 12  # processes listed under a hang's headline (an 8-GPU engine has about a dozen)
 
 Block = dict[str, Any]
 _FENCE = re.compile(r"```(.*?)```", re.DOTALL)
@@ -323,6 +324,11 @@ def first_error_blocks(error: FirstError) -> list[Block]:
     ]
     if error.context:
         blocks.append(section("*Context*\n" + code(list(error.context[:CONTEXT_LINES]))))
+    if error.stacks:  # a hang: where each process waited, from the stacks dumped before the stop
+        blocks.append(section(clip(f"*Where it waits:* {escaped(error.stacks[0])}", MAX_SECTION)))
+        if len(error.stacks) > 1:
+            listed = [clip(line, 200) for line in error.stacks[1 : 1 + STACK_LINES]]
+            blocks.append(section("*Stacks (py-spy)*\n" + code(listed)))
     if error.hint:
         blocks.append(section(f"*Hint:* {escaped(error.hint)}"))
     return blocks

@@ -199,6 +199,9 @@ def export_bundle(store: Store, run_id: str, ended: tuple[str, str | None] | Non
     members["report.md"] = handoff(run, record, linked(store, run)).encode()  # the hand-off report (bot/handoff.py)
     if "sim_scenario" in artifacts:
         members["scenario.toml"] = artifacts["sim_scenario"].encode()
+    for name, content in artifacts.items():  # a stalled launch's raw py-spy dumps (runner/stacks/collect.py)
+        if name.startswith("stacks/launch-") and name.removeprefix("stacks/launch-").isdigit():
+            members[f"{name}.txt"] = content.encode()
     members = {name: _redacted(name, data) for name, data in members.items()}
     members[TIMELINE] = timeline.png(record.launches, timeline.caption(run.id, run.cluster, run.decision or run.status))
     manifest = {

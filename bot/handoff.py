@@ -305,6 +305,9 @@ def _first_error(record: RunRecord) -> list[str]:
     if context:
         lines += ["", "<details>", "<summary>Traceback / context lines</summary>", "", "```text", *context, "```"]
         lines += ["", "</details>"]
+    if error.stacks:  # a hang: where each process waited when the runner stopped it (py-spy dumps)
+        lines += ["", f"Where it waits (py-spy, before the stop): {error.stacks[0]}", ""]
+        lines += ["```text", *error.stacks[1:], "```"] if len(error.stacks) > 1 else []
     if error.hint:
         lines += ["", f"Hint: {error.hint}"]
     return lines

@@ -50,6 +50,7 @@ class FirstError:
     context: tuple[str, ...]
     hint: str
     repeat: bool = False  # this run showed an error with the same signature already (a relaunch, a ladder step)
+    stacks: tuple[str, ...] = ()  # a hang's: where the engine's processes waited, the headline first (py-spy)
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ def fact_of(event: pb.RunEvent, stage: str = "") -> Fact | None:
             e.secondary_oom,
             tuple(e.context),
             e.hint,
+            stacks=tuple(e.stacks),
         )
     if kind == "checklist_item":
         c = event.checklist_item

@@ -48,6 +48,8 @@ def report(record: RunRecord) -> dict[str, Any]:
             "line": error.line,
             "signature": error.signature,
             "secondary_oom": error.secondary_oom,
+            # a hang: where the engine's processes waited (py-spy), the headline first; [] otherwise
+            "stacks": list(error.stacks),
         },
         "ladder": [{"step": s.step, "outcome": s.outcome, "relaunched": s.relaunched} for s in record.ladder],
         "trigger_step": record.trigger.step if record.trigger else None,

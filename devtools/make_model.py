@@ -3,12 +3,15 @@
 Run it with the vLLM venv's Python (it needs torch, transformers and tokenizers):
 
     python devtools/make_model.py DIR [--head-dim 64] [--max-positions 4096] [--architecture NAME]
-                                      [--broken-weights]
+                                      [--broken-weights] [--remote-code-sleep SECONDS]
 
 The tokenizer is a byte-level BPE trained here on English prose the machine ships (Debian's licence texts),
 so prompts have realistic token counts; the chat template is a plain one. `--head-dim 16` makes a model the
 CPU attention backend refuses on the first request; `--architecture` names a class vLLM does not know;
-`--broken-weights` writes a safetensors file that cannot be read. The same arguments make the same model.
+`--broken-weights` writes a safetensors file that cannot be read; `--remote-code-sleep` gives the model
+`--trust-remote-code` configuration code that sleeps that long when a process other than the first one reading the
+config imports it (vLLM's engine core does, once the worker is up): a start-up that really hangs, in remote code.
+The same arguments make the same model.
 """
 
 from __future__ import annotations
@@ -28,6 +31,24 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 SPECIAL = ["<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>", "<|system|>"]
+REMOTE_MODEL_TYPE = "k3sleep"
+# The remote configuration code: the API server (the main process) reads it and goes on; any other process of the
+# engine that imports it (the engine core) sleeps at import, at a line a stack dump names.
+REMOTE_CONFIG = """import multiprocessing
+import time
+
+from transformers import LlamaConfig
+
+SLEEP_S = {seconds}
+
+
+class K3SleepConfig(LlamaConfig):
+    model_type = "{model_type}"
+
+
+if multiprocessing.current_process().name != "MainProcess":
+    time.sleep(SLEEP_S)
+"""
 
 
 def prose() -> list[str]:
@@ -83,6 +104,14 @@ def make_model(args: argparse.Namespace) -> None:
         data = json.loads((out / "config.json").read_text())
         data["architectures"] = [args.architecture]
         (out / "config.json").write_text(json.dumps(data, indent=2))
+    if args.remote_code_sleep:
+        (out / "configuration_k3sleep.py").write_text(
+            REMOTE_CONFIG.format(seconds=args.remote_code_sleep, model_type=REMOTE_MODEL_TYPE)
+        )
+        data = json.loads((out / "config.json").read_text())
+        data["model_type"] = REMOTE_MODEL_TYPE
+        data["auto_map"] = {"AutoConfig": "configuration_k3sleep.K3SleepConfig"}
+        (out / "config.json").write_text(json.dumps(data, indent=2))
     if args.broken_weights:
         weights = out / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[:4096])  # a header that promises more than the file holds
@@ -96,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab-size", type=int, default=4096)
     parser.add_argument("--architecture", default="")
     parser.add_argument("--broken-weights", action="store_true")
+    parser.add_argument("--remote-code-sleep", type=float, default=0.0, metavar="SECONDS")
     make_model(parser.parse_args(argv))
     return 0
 

@@ -124,6 +124,8 @@ TIERS: dict[str, str] = {
     "test_slack_socket_mode": "sim",
     "test_slack_startup": "sim",
     "test_slack_thread": "sim",
+    "test_stacks": "unit",
+    "test_stacks_sim": "sim",
     "test_slurm": "daemons",
     "test_slurm_env": "daemons",
     "test_state_files": "unit",

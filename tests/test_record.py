@@ -48,6 +48,7 @@ def test_a_stages_first_error_counts_and_a_same_line_update_marks_its_oom_second
         "line": NCCL.line,
         "signature": NCCL.signature,
         "secondary_oom": True,
+        "stacks": [],
     }
 
 

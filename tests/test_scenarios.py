@@ -20,7 +20,7 @@ from tests.k3fixtures import SIM_SPEED
 # Python start-up (~0.2 s of the wall, before its first line) counts as engine time: at 2000 it stays far from
 # the ready_timeout_s - stall_timeout_s that would turn the hang into "not ready".
 STARTUP_HANG_SPEED = 2000
-STARTUP_HANGS = {"nccl-init-hang", "autotune-hang"}
+STARTUP_HANGS = {"nccl-init-hang", "autotune-hang", "collective-hang"}
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ EXPECTED = {
     "autotune-hang": Expected("fix", "kernel_backends", ("engine_init", "other", "hang: no progress")),
     "tuned-healthy": Expected("continue", None, None),
     "concurrency-oom": Expected("fix", "concurrency", ("request", "oom", "torch.OutOfMemoryError: CUDA out of")),
+    "collective-hang": Expected("continue", None, ("engine_init", "other", "hang: no progress in engine_init")),
     "cudagraph-capture": Expected("continue", None, ("engine_init", "oom", "CUDA out of memory"), launches=3),
     "demo": Expected("continue", None, ("gpu_detect", "nccl_comm", "NCCL error: unhandled system error")),
     "flaky-phases": Expected("isolate", None, ("weight_load", "driver_cuda_init", "uncorrectable ECC error")),

@@ -10,6 +10,7 @@ from typing import Protocol
 from runner.clock import Clock
 from runner.fingerprint import Target
 from runner.nvml import NvmlSource
+from runner.stacks.summary import ProcessDump
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,11 @@ class RunningEngine(Protocol):
         ...
 
     async def wait(self) -> int: ...
+
+    async def dump_stacks(self, limit_s: float) -> list[ProcessDump]:
+        """The Python stack of each of the engine's processes (py-spy), taken within `limit_s` wall seconds; a
+        process it cannot attach to is a ProcessDump with the reason, never an exception."""
+        ...
 
     async def stop(self, grace_s: float) -> None:
         """Stops the engine and everything it started (its whole process group or container); `grace_s`

@@ -22,6 +22,7 @@ from runner.engines.lines import LineSplitter
 from runner.fingerprint import ImageTarget
 from runner.fingerprint.image import PROBE_LABEL, DockerUnavailable, docker_client, gpu_device_requests
 from runner.nvml import NvmlSource, PynvmlSource
+from runner.stacks.summary import ProcessDump
 from runner.vllm_cli import split_program
 
 RUN_LABEL = "k3repro.run_id"
@@ -77,6 +78,38 @@ class DockerEngine:
             result = await asyncio.to_thread(self._container.wait)
             self._returncode = int(result.get("StatusCode", 1))
         return self._returncode if self._returncode is not None else DOCKER_RUN_EXIT
+
+    async def dump_stacks(self, limit_s: float) -> list[ProcessDump]:
+        """py-spy inside the container (`docker exec`) for each of its processes, when the image has py-spy (and
+        the container may ptrace); otherwise one ProcessDump saying why not."""
+        if self._container is None:
+            return [ProcessDump(0, error="no container was started", label="container")]
+        label = f"container {self._container.name}"
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(self._dump_inside, limit_s, label), limit_s * 2)
+        except TimeoutError:
+            return [ProcessDump(0, error=f"docker exec did not finish in {limit_s * 2:.0f} s", label=label)]
+        except Exception as exc:  # the daemon refused the exec (the container is gone): say so
+            return [ProcessDump(0, error=f"docker exec failed: {_daemon_message(exc)}", label=label)]
+
+    def _dump_inside(self, limit_s: float, label: str) -> list[ProcessDump]:
+        container = self._container
+        assert container is not None
+        code, _ = container.exec_run(["sh", "-c", "command -v py-spy"])
+        if code != 0:
+            return [ProcessDump(0, error="py-spy is not installed in the image", label=label)]
+        code, out = container.exec_run(["sh", "-c", "cd /proc && echo [0-9]*"])
+        pids = sorted(int(p) for p in out.decode().split() if p.isdigit()) if code == 0 else []
+        dumps = []
+        for pid in pids:
+            code, out = container.exec_run(["timeout", f"{limit_s:.0f}", "py-spy", "dump", "--pid", str(pid)])
+            text = out.decode("utf-8", "replace")
+            if code == 0 and "\nThread " in f"\n{text}":
+                dumps.append(ProcessDump(pid, text))
+            elif "No such file or directory" not in text:  # the exec's own shell, gone by now
+                reason = next((line for line in text.splitlines() if line.startswith("Error:")), f"exit {code}")
+                dumps.append(ProcessDump(pid, error=reason.removeprefix("Error:").strip(), label=label))
+        return dumps
 
     async def stop(self, grace_s: float) -> None:
         if self._container is None:

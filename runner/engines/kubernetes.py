@@ -36,6 +36,7 @@ from runner.engines.base import LogLine
 from runner.engines.fresh_caches import CONTAINER_ROOT, redirect
 from runner.engines.lines import LineSplitter
 from runner.nvml import NvmlSource, PynvmlSource
+from runner.stacks.summary import ProcessDump
 from runner.vllm_cli import parse_launch_command, split_program
 
 log = logging.getLogger(__name__)
@@ -223,6 +224,12 @@ class KubernetesEngine:
     @property
     def namespace(self) -> str:
         return self._backend.settings.namespace
+
+    async def dump_stacks(self, limit_s: float) -> list[ProcessDump]:
+        """The runner's role has no pods/exec (deploy/k8s/runner-rbac.yaml): the stacks are reported as out of
+        reach, with what an engineer runs instead."""
+        why = f"the runner does not exec into Pods: kubectl debug -n {self.namespace} {self.name} (py-spy dump)"
+        return [ProcessDump(0, error=why, label=f"pod {self.name}")]
 
     async def started(self, timeout_s: float) -> None:
         """Waits until the Pod runs (its IP is the server's address) or ended at once; a Pod the node refused,

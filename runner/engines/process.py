@@ -27,6 +27,8 @@ from runner.engines.fresh_caches import make_fresh
 from runner.engines.lines import LineSplitter
 from runner.fingerprint import PythonTarget
 from runner.nvml import NvmlSource, PynvmlSource
+from runner.stacks.dump import dump_pids
+from runner.stacks.summary import ProcessDump
 
 RUN_ID_ENV = "K3REPRO_RUN_ID"  # marks every process we start, so a restarted runner can find leftovers
 LAUNCH_ENV = "K3REPRO_LAUNCH_ID"  # marks one launch's processes: stop finds those that left its process group
@@ -78,6 +80,18 @@ class ProcessEngine:
                 return f"{LAUNCH_ENV}={self._marker}".encode() in handle.read().split(b"\0")
         except OSError:
             return False
+
+    def pids(self) -> list[int]:
+        """The launch's live processes (API server, engine core, workers): those `owns` says are its own."""
+        found = []
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit() and self.owns(pid := int(entry.name)) and not _zombie(pid):
+                found.append(pid)
+        return sorted(found)
+
+    async def dump_stacks(self, limit_s: float) -> list[ProcessDump]:
+        """py-spy dumps of every live process of the launch, all at once within `limit_s` (wall seconds)."""
+        return await dump_pids(await asyncio.to_thread(self.pids), limit_s)
 
     @property
     def image_id(self) -> str:
@@ -174,6 +188,15 @@ async def _read_end(name: str, fd: int) -> Output:
         lambda: asyncio.StreamReaderProtocol(reader), pipe
     )
     return Output(name, reader, transport)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether `pid` has exited and waits to be reaped (nothing to dump), or is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

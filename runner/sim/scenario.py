@@ -31,6 +31,7 @@ from runner.vllm_cli import FlagSpec, LaunchCommandError, flag_table, parse_laun
 PHASES = ("gpu_detect", "weight_load", "engine_init", "api_listen", "request")
 STARTUP_PHASES = PHASES[:-1]
 EFFECTS = ("crash", "hang", "error_response")
+COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "barrier")  # what a hung rank may wait in (fault `waits`)
 _MIB_PER_GIB = 1024
 _CATALOG_KEY = re.compile(r"[a-z0-9_]+")  # an error written like a catalog key is one (a typo is refused)
 
@@ -129,6 +130,9 @@ class Fault:
     probability: float = 1.0
     rank: int = 0
     when: When = field(default_factory=When)
+    # A hang of a tensor-parallel launch: the collective `rank` is stuck in while the other ranks wait in the
+    # shared-memory broadcast, as their processes' stacks show it (runner/sim/workers/); "": no such processes.
+    waits: str = ""
 
     def strikes(self, seed: int, launch: int, draw: int = 0) -> bool:
         """Whether the fault strikes at this launch (and its `draw`-th matching request): reproducible."""
@@ -325,7 +329,7 @@ def _typed(value: Any, kind: Any, where: str) -> Any:
 def _fault(raw: Any, index: int, error_phases: Mapping[str, str], where: str) -> Fault:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be a table")
-    unknown = set(raw) - {"id", "phase", "effect", "error", "traceback", "probability", "rank", "when"}
+    unknown = set(raw) - {"id", "phase", "effect", "error", "traceback", "probability", "rank", "when", "waits"}
     if unknown:
         raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r}")
     fault_id = _typed(raw.get("id", f"fault-{index}"), str, f"{where}: 'id'")
@@ -350,6 +354,9 @@ def _fault(raw: Any, index: int, error_phases: Mapping[str, str], where: str) ->
     rank = _typed(raw.get("rank", 0), int, f"{where}: 'rank'")
     if rank < 0:
         raise ConfigError(f"{where}: 'rank' must be non-negative, got {rank}")
+    waits = _typed(raw.get("waits", ""), str, f"{where}: 'waits'")
+    if waits and (effect != "hang" or waits not in COLLECTIVES):
+        raise ConfigError(f"{where}: 'waits' takes a hang's collective, one of {', '.join(COLLECTIVES)}")
     return Fault(
         id=fault_id,
         phase=phase,
@@ -359,6 +366,7 @@ def _fault(raw: Any, index: int, error_phases: Mapping[str, str], where: str) ->
         probability=probability,
         rank=rank,
         when=_when(raw.get("when", {}), phase, f"{where}: [when]"),
+        waits=waits,
     )
 
 

@@ -54,6 +54,7 @@ class Failure:
     values: Mapping[str, object] = field(default_factory=dict)
     effect: str = "crash"  # crash | hang
     traceback: bool = True
+    waits: str = ""  # a hang: the collective the rank's process is stuck in (runner/sim/workers/)
 
 
 def planned_failure(facts: Facts, catalog: Catalog) -> Failure | None:
@@ -78,7 +79,11 @@ def planned_failure(facts: Facts, catalog: Catalog) -> Failure | None:
     host, command = facts.scenario.host, facts.settings.command
     faults = [
         Failure(
-            midway(catalog.spec(fault.error, fault.phase)), fault.rank, effect=fault.effect, traceback=fault.traceback
+            midway(catalog.spec(fault.error, fault.phase)),
+            fault.rank,
+            effect=fault.effect,
+            traceback=fault.traceback,
+            waits=fault.waits,
         )
         for fault in facts.scenario.faults
         if fault.phase in STARTUP_PHASES

@@ -14,6 +14,7 @@ from protos import runner_pb2 as pb
 from runner.analyzer import ErrorFinding
 from runner.ports import PortReservation, listener_pids, process_line, reserve_port
 from runner.redact import redactor
+from runner.stacks.collect import stalled_stacks
 from runner.stages.context import Attempt, RunContext
 from runner.stages.log_follower import LogFollower
 from runner.stages.proxies import planned
@@ -206,8 +207,8 @@ async def _until_ready(ctx: RunContext, follower: LogFollower) -> tuple[bool, st
             stall = (
                 follower.analyzer.stalled(clock.now(), clock.limit(engine_config.stall_timeout_s)) if begun else None
             )
-            if stall is not None:
-                hang = await follower.hang(stall)
+            if stall is not None:  # where each process waits, dumped while it still waits (before the stop)
+                hang = await follower.hang(stall, await stalled_stacks(ctx, ctx.engine, follower.source))
                 return False, f"failed in {hang.phase} ({hang.category}): {hang.line}", None
             if await healthy(http, ctx.base_url):
                 port = int(ctx.base_url.rsplit(":", 1)[1])

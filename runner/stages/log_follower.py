@@ -41,7 +41,8 @@ class LogFollower:
         self.tail: deque[str] = deque(maxlen=50)
         self.warnings: list[str] = []  # every WARNING line, in order (requests report those logged meanwhile)
         self._emit = emit
-        self._source = source
+        self.source = source
+        self._stacks: tuple[str, ...] = ()  # a hang's: where the engine's processes waited (runner/stacks/)
         self._phase: str | None = None
         self._pending: list[str] = []
         self._pending_bytes = 0  # what the pending lines weigh in a LogChunk
@@ -113,7 +114,7 @@ class LogFollower:
     async def _flush(self) -> None:
         if self._pending:
             lines, self._pending, self._pending_bytes = self._pending, [], 0
-            await self._emit(log_chunk=pb.LogChunk(source=self._source, lines=lines))
+            await self._emit(log_chunk=pb.LogChunk(source=self.source, lines=lines))
 
     async def _found(self, finding: PhaseFinding | ErrorFinding) -> None:
         if isinstance(finding, PhaseFinding):
@@ -126,8 +127,13 @@ class LogFollower:
         if self.first_error.done() or (self._stop_line is not None and finding.line_no > self._stop_line):
             return  # a line logged after our stop began is its echo (a finding on an earlier line still counts)
         await self._flush()
-        await self._emit(first_error=first_error_message(finding))
+        await self._emit(first_error=self._message(finding))
         self.first_error.set_result(finding)
+
+    def _message(self, finding: ErrorFinding) -> pb.FirstError:
+        message = first_error_message(finding)
+        message.stacks.extend(self._stacks)
+        return message
 
     def answered(self, path: str) -> int:
         """How many answers on `path` the log has shown (uvicorn's access lines read so far)."""
@@ -158,8 +164,11 @@ class LogFollower:
         for finding in self.analyzer.settle():
             await self._found(finding)
 
-    async def hang(self, stall: Stall) -> ErrorFinding:
-        """Reports a hang as this launch's first error (no progress is itself the finding)."""
+    async def hang(self, stall: Stall, stacks: list[str] | None = None) -> ErrorFinding:
+        """Reports a hang as this launch's first error (no progress is itself the finding), with `stacks`: where
+        the engine's processes waited (runner/stacks/collect.py), when they were dumped."""
+        if not self.first_error.done():
+            self._stacks = tuple(stacks or ())
         await self._found(self.analyzer.hang_finding(stall))
         return self.first_error.result()
 
@@ -169,7 +178,7 @@ class LogFollower:
             return
         reported = self.first_error.result()
         if self.analyzer.secondary_oom and not reported.secondary_oom:
-            await self._emit(first_error=first_error_message(replace(reported, secondary_oom=True)))
+            await self._emit(first_error=self._message(replace(reported, secondary_oom=True)))
 
     async def drain(self, timeout_s: float) -> None:
         """Waits for the stopped engine's output to end (then everything was sent); gives up after the limit

@@ -10,6 +10,7 @@ import aiohttp
 
 from protos import runner_pb2 as pb
 from runner.analyzer import ErrorFinding, Stall
+from runner.stacks.collect import stalled_stacks
 from runner.stages.context import RunContext
 
 DEFAULT_BODY: dict[str, Any] = {
@@ -199,5 +200,6 @@ async def hang_of(ctx: RunContext, result: pb.RequestResult) -> ErrorFinding | N
     if follower.first_error.done():
         return None
     stall = Stall("request", ctx.config.engine.request_timeout_s, follower.analyzer.last_progress_line)
-    finding: ErrorFinding = await follower.hang(stall)
+    stacks = await stalled_stacks(ctx, ctx.engine, follower.source)  # while the engine still waits
+    finding: ErrorFinding = await follower.hang(stall, stacks)
     return finding

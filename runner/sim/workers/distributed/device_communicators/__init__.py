@@ -1,0 +1,1 @@
+"""Placed like vllm/distributed/device_communicators/."""

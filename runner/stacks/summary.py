@@ -1,0 +1,234 @@
+"""Where a stalled engine's processes wait: py-spy dumps read into one line per process and a headline naming the
+ranks that differ from the others.
+
+The words come from runner/data/stacks.toml (frame patterns of vLLM, torch, NCCL, transformers, safetensors,
+triton, flashinfer, tokenizers, zmq); nothing here knows the backend or the simulator, so a dump of a real engine
+and one of the simulator's ranks are read the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import tomllib
+from collections import defaultdict
+from dataclasses import dataclass
+from importlib import resources
+
+_PROCESS = re.compile(r"^Process (?P<pid>\d+): (?P<cmdline>.*)$")
+_THREAD = re.compile(r'^Thread (?P<id>\S+) \((?P<state>[^)]*)\)(?::\s*"(?P<name>.*)")?\s*$')
+# `    function (file:line)`; a frame py-spy could not place has no line (`function (file)`)
+_FRAME = re.compile(r"^\s+(?P<function>\S.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)\s*$")
+
+
+@dataclass(frozen=True)
+class Frame:
+    function: str
+    file: str
+    line: int
+
+
+@dataclass(frozen=True)
+class Thread:
+    name: str
+    idle: bool
+    frames: tuple[Frame, ...]  # innermost first, as py-spy prints them
+
+
+@dataclass(frozen=True)
+class ProcessDump:
+    """One process's dump as py-spy printed it, or why there is none (`error`: it could not be attached to)."""
+
+    pid: int
+    text: str = ""
+    error: str = ""
+    label: str = ""  # how the backend names a process it could not list (a container, a Pod)
+
+
+@dataclass(frozen=True)
+class Wait:
+    key: str  # what is compared between ranks ("all_reduce", "shm broadcast")
+    says: str  # the words, with the frame ("waits in all_reduce (pynccl.py:118)")
+    priority: int  # the rule's place in the data file (a wait no rule named comes last)
+
+
+@dataclass(frozen=True)
+class ProcessWait:
+    pid: int
+    role: str  # "rank 3", "engine core", "API server", or the command line's first word
+    rank: int | None
+    wait: Wait | None  # None: it could not be attached to (`error` says why)
+    error: str = ""
+
+    def line(self) -> str:
+        where = self.wait.says if self.wait else f"cannot attach: {self.error}"
+        return f"{self.role} (pid {self.pid}): {where}" if self.pid else f"{self.role}: {where}"
+
+
+@dataclass(frozen=True)
+class _Rule:
+    id: str
+    says: str
+    key: str
+    function: re.Pattern[str] | None
+    file: re.Pattern[str] | None
+    idle: bool | None
+
+
+@dataclass(frozen=True)
+class _Role:
+    pattern: re.Pattern[str]
+    name: str
+
+
+@functools.cache
+def _rules() -> tuple[tuple[_Role, ...], tuple[_Rule, ...]]:
+    data = tomllib.loads(resources.files("runner.data").joinpath("stacks.toml").read_text(encoding="utf-8"))
+    roles = tuple(_Role(re.compile(r["pattern"]), r["name"]) for r in data["role"])
+    waits = tuple(
+        _Rule(
+            w["id"],
+            w["says"],
+            w.get("key", w["id"]),
+            re.compile(w["function"]) if "function" in w else None,
+            re.compile(w["file"]) if "file" in w else None,
+            w.get("idle"),
+        )
+        for w in data["wait"]
+    )
+    return roles, waits
+
+
+def parse(text: str) -> tuple[str, list[Thread]]:
+    """A py-spy dump's command line and threads."""
+    cmdline, threads = "", []
+    name, idle, frames = "", False, list[Frame]()
+    started = False
+    for raw in text.splitlines():
+        if m := _PROCESS.match(raw):
+            cmdline = m["cmdline"]
+        elif m := _THREAD.match(raw):
+            if started:
+                threads.append(Thread(name, idle, tuple(frames)))
+            started, name, idle, frames = True, m["name"] or m["id"], "idle" in m["state"], []
+        elif started and (m := _FRAME.match(raw)):
+            frames.append(Frame(m["function"], m["file"], int(m["line"] or 0)))
+    if started:
+        threads.append(Thread(name, idle, tuple(frames)))
+    return cmdline, threads
+
+
+def _matches(rule: _Rule, thread: Thread, frame: Frame) -> bool:
+    short = frame.function.rsplit(".", 1)[-1]
+    return (
+        (rule.function is None or rule.function.search(short) is not None)
+        and (rule.file is None or rule.file.search(frame.file) is not None)
+        and (rule.idle is None or rule.idle == thread.idle)
+    )
+
+
+def _thread_wait(thread: Thread, rules: tuple[_Rule, ...]) -> Wait | None:
+    """The first rule (the data file's order) that one of the thread's frames matches, at its innermost such
+    frame: a zmq poll inside shm_broadcast's acquire_read is the broadcast, a tokenizer load that runs remote
+    code is the remote code."""
+    for priority, rule in enumerate(rules):
+        for frame in thread.frames:
+            if _matches(rule, thread, frame):
+                fields = {
+                    "function": frame.function.rsplit(".", 1)[-1],
+                    "file": frame.file.rsplit("/", 1)[-1],
+                    "line": frame.line,
+                }
+                return Wait(rule.key.format(**fields), rule.says.format(**fields), priority)
+    return None
+
+
+def process_wait(dump: ProcessDump) -> ProcessWait:
+    """Where one process waits: the most telling of its threads' waits (the data file's order)."""
+    roles, rules = _rules()
+    cmdline, threads = parse(dump.text) if not dump.error else ("", [])
+    role, rank = dump.label or _first_word(cmdline) or "process", None
+    for candidate in roles:
+        if m := candidate.pattern.search(cmdline):
+            groups = {k: v for k, v in m.groupdict().items() if v is not None}
+            number = next(iter(groups.values()), None)
+            rank = int(number) if number is not None else None
+            role = candidate.name.format(rank=number)
+            break
+    if dump.error:
+        return ProcessWait(dump.pid, role, rank, None, dump.error)
+    found = [w for t in threads if (w := _thread_wait(t, rules)) is not None]
+    if found:
+        return ProcessWait(dump.pid, role, rank, min(found, key=lambda w: w.priority))
+    main = next((t for t in threads if t.name == "MainThread"), threads[0] if threads else None)
+    if main is None or not main.frames:
+        return ProcessWait(dump.pid, role, rank, Wait("no Python frames", "no Python frames", len(rules)))
+    top = main.frames[0]
+    state = "idle" if main.idle else "running"
+    where = f"{top.function} ({top.file.rsplit('/', 1)[-1]}:{top.line})"
+    return ProcessWait(dump.pid, role, rank, Wait(f"{state} in {top.function}", f"{state} in {where}", len(rules)))
+
+
+def _first_word(cmdline: str) -> str:
+    words = cmdline.split()
+    return words[0].rsplit("/", 1)[-1] if words else ""
+
+
+def ranges(numbers: list[int]) -> str:
+    """`[0, 1, 2, 4, 5, 7]` → "0-2, 4-5, 7"."""
+    spans: list[list[int]] = []
+    for n in sorted(numbers):
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in spans)
+
+
+def _ranks(numbers: list[int]) -> str:
+    return f"rank {numbers[0]}" if len(numbers) == 1 else f"ranks {ranges(numbers)}"
+
+
+def _plural(says: str) -> str:
+    """The words after a plural subject: "waits in …" → "wait in …" (ranks 0-2 wait in …)."""
+    first, _, rest = says.partition(" ")
+    return f"{first[:-1]} {rest}" if first.endswith("s") and not first.endswith("ss") else says
+
+
+def _group(waits: list[ProcessWait]) -> str:
+    numbers = sorted(w.rank for w in waits if w.rank is not None)
+    says = waits[0].wait.says if waits[0].wait else ""
+    return f"{_ranks(numbers)} {says if len(numbers) == 1 else _plural(says)}"
+
+
+def headline(waits: list[ProcessWait]) -> str:
+    """One line: the ranks that differ from the others and where, else where the engine's processes wait (the
+    most telling first)."""
+    ranked = [w for w in waits if w.rank is not None and w.wait is not None]
+    groups: dict[str, list[ProcessWait]] = defaultdict(list)
+    for w in ranked:
+        groups[w.wait.key if w.wait else ""].append(w)
+    if len(groups) > 1:  # the smallest group differs (on a tie, the one with the lowest rank)
+        odd, *rest = sorted(groups.values(), key=lambda g: (len(g), min(w.rank or 0 for w in g)))
+        numbers = sorted(w.rank for w in odd if w.rank is not None)
+        verb = "differs" if len(numbers) == 1 else "differ"
+        said = odd[0].wait.says if odd[0].wait else ""
+        return f"{_ranks(numbers)} {verb}: {said if len(numbers) == 1 else _plural(said)}; " + "; ".join(
+            _group(g) for g in rest
+        )
+    telling = sorted(
+        (w for w in waits if w.wait is not None and w.rank is None), key=lambda w: w.wait.priority if w.wait else 0
+    )
+    parts = [_group(ranked)] if ranked else []
+    parts += [f"{w.role}: {w.wait.says}" for w in telling[:2] if w.wait is not None]
+    if not parts:
+        parts = [w.line() for w in waits[:2]]
+    return "; ".join(parts)
+
+
+def summarize(dumps: list[ProcessDump]) -> list[str]:
+    """The headline, then one line per process (in pid order; those that could not be attached to say why)."""
+    waits = [process_wait(d) for d in sorted(dumps, key=lambda d: d.pid)]
+    if not waits:
+        return []
+    return [headline(waits), *(w.line() for w in waits)]
