@@ -98,6 +98,7 @@ TIERS: dict[str, str] = {
     "test_processes": "sim",
     "test_protos": "unit",
     "test_real_vllm": "real_vllm",
+    "test_real_vllm_stacks": "real_vllm",
     "test_real_vllm_caches": "real_vllm",
     "test_record": "unit",
     "test_redact": "unit",

@@ -147,3 +147,11 @@ async def test_a_container_without_py_spy_is_reported_as_such() -> None:
     assert summarize(dumps)[1:] == ["container k3repro-run-1: cannot attach: py-spy is not installed in the image"]
     refused = await DockerEngine(None, "no such image").dump_stacks(2.0)
     assert refused[0].error == "no container was started"
+
+
+def test_the_real_dumps_planted_api_key_stays_out_of_the_summary_and_is_redacted_in_the_raw_text() -> None:
+    """The stored API server dump was taken with `--api-key sk-PLANTEDsecret99` on its command line."""
+    raw = (REAL / "30603.txt").read_text()
+    assert "sk-PLANTEDsecret99" in raw
+    assert not any("PLANTED" in line for line in summarize(real_dumps()))
+    assert "PLANTED" not in redactor().line(raw) and "--api-key [REDACTED:" in redactor().line(raw)

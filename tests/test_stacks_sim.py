@@ -92,7 +92,7 @@ async def test_py_spy_shows_the_command_line_not_the_locals_and_the_redactor_hid
     )
     try:
         assert process.stdout is not None and process.stdout.readline() == b"ready\n"
-        [dump], [gone] = await asyncio.gather(dump_pids([process.pid]), dump_pids([2**22 + 7]))
+        [dump], [gone] = await asyncio.gather(dump_pids([process.pid], 5.0), dump_pids([2**22 + 7], 5.0))
     finally:
         process.kill()
         process.wait()

@@ -85,10 +85,8 @@ class DockerEngine:
         if self._container is None:
             return [ProcessDump(0, error="no container was started", label="container")]
         label = f"container {self._container.name}"
-        try:
-            return await asyncio.wait_for(asyncio.to_thread(self._dump_inside, limit_s, label), limit_s * 2)
-        except TimeoutError:
-            return [ProcessDump(0, error=f"docker exec did not finish in {limit_s * 2:.0f} s", label=label)]
+        try:  # one exec after another, each bounded by `timeout` inside the container
+            return await asyncio.to_thread(self._dump_inside, limit_s, label)
         except Exception as exc:  # the daemon refused the exec (the container is gone): say so
             return [ProcessDump(0, error=f"docker exec failed: {_daemon_message(exc)}", label=label)]
 

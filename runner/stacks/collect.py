@@ -9,7 +9,10 @@ from runner.engines import RunningEngine
 from runner.stacks.summary import ProcessDump, summarize
 from runner.stages.context import RunContext
 
-LIMIT_S = 10.0  # what all the dumps of one engine may take together (wall seconds; they run at once)
+# Wall seconds one process's dump may take (a few ms on an idle process; a loaded host is slower). A backend dumps
+# its processes at once, so the engine's stop waits about this long; the outer limit bounds one that does not.
+LIMIT_S = 5.0
+OUTER_LIMIT_S = 30.0
 
 
 async def stalled_stacks(ctx: RunContext, engine: RunningEngine | None, source: str) -> list[str]:
@@ -22,9 +25,9 @@ async def stalled_stacks(ctx: RunContext, engine: RunningEngine | None, source: 
         dumps = [ProcessDump(0, error="this engine backend cannot list its processes", label="engine")]
     else:
         try:
-            dumps = await asyncio.wait_for(dump(LIMIT_S), LIMIT_S * 3)
+            dumps = await asyncio.wait_for(dump(LIMIT_S), OUTER_LIMIT_S)
         except TimeoutError:
-            dumps = [ProcessDump(0, error=f"the dumps did not finish in {LIMIT_S * 3:.0f} s", label="engine")]
+            dumps = [ProcessDump(0, error=f"the dumps did not finish in {OUTER_LIMIT_S:.0f} s", label="engine")]
     summary = summarize(dumps)
     raw = [f"# {source}: where the engine's processes waited when it stalled (py-spy dump)", *summary, ""]
     for d in sorted(dumps, key=lambda d: d.pid):

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from runner.stacks.summary import ProcessDump
 
-PROCESS_LIMIT_S = 5.0  # what one py-spy dump may take (a few ms on an idle process; a loaded host is slower)
 OUTPUT_BYTES = 64 << 10  # what is kept of one dump (a dozen processes stay far under a gRPC message)
 
 
@@ -25,8 +24,8 @@ def py_spy() -> str | None:
     return str(beside) if beside.is_file() else shutil.which("py-spy")
 
 
-async def dump_command(pid: int, argv: Sequence[str], limit_s: float = PROCESS_LIMIT_S) -> ProcessDump:
-    """Runs one dump command (`argv`: py-spy on the host, or through `docker exec`) for `pid`."""
+async def dump_command(pid: int, argv: Sequence[str], limit_s: float) -> ProcessDump:
+    """Runs one dump command (py-spy on the host) for `pid`, within `limit_s` wall seconds."""
     try:
         process = await asyncio.create_subprocess_exec(
             *argv,
@@ -57,8 +56,8 @@ def _reason(stderr: str) -> str:
     return next((line.strip() for line in stderr.splitlines() if line.strip()), "")
 
 
-async def dump_pids(pids: Sequence[int], limit_s: float = PROCESS_LIMIT_S) -> list[ProcessDump]:
-    """py-spy dumps of the host's processes `pids`, in parallel (all within `limit_s`)."""
+async def dump_pids(pids: Sequence[int], limit_s: float) -> list[ProcessDump]:
+    """py-spy dumps of the host's processes `pids`, all at once, each within `limit_s` wall seconds."""
     program = py_spy()
     if program is None:
         return [ProcessDump(pid, error="py-spy is not installed on the runner's host") for pid in pids]
