@@ -50,7 +50,11 @@ EXPECTED = {
     "tuned-healthy": Expected("continue", None, None),
     "concurrency-oom": Expected("fix", "concurrency", ("request", "oom", "torch.OutOfMemoryError: CUDA out of")),
     "collective-hang": Expected("continue", None, ("engine_init", "other", "hang: no progress in engine_init")),
-    "cudagraph-capture": Expected("continue", None, ("engine_init", "oom", "CUDA out of memory"), launches=3),
+    # the failure, the --enforce-eager diagnostic, the repeat, the fresh-cache control (it fails the same)
+    "cudagraph-capture": Expected("continue", None, ("engine_init", "oom", "CUDA out of memory"), launches=4),
+    # two failures (one repeat's proxy showed another error, so the real one was made) and the control: a proxy
+    # with fresh caches answers, so the real configuration is launched with fresh caches too, and answers
+    "stale-jit-cache": Expected("continue", None, ("engine_init", "other", "an illegal memory access"), launches=5),
     "demo": Expected("continue", None, ("gpu_detect", "nccl_comm", "NCCL error: unhandled system error")),
     "flaky-phases": Expected("isolate", None, ("weight_load", "driver_cuda_init", "uncorrectable ECC error")),
     "healthy": Expected("continue", None, None),
@@ -65,6 +69,13 @@ EXPECTED = {
 
 
 _RUNS: dict[str, tuple[dict[str, Any], str]] = {}  # one run per shipped scenario, shared by the tests below
+
+
+@pytest.fixture(autouse=True)
+def _host_flashinfer_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """stale-jit-cache's host cache (where its older image's kernels are) in a folder of the session, not this
+    machine's home: one folder for every run of the module, as one host's cache would be."""
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path_factory.getbasetemp() / "host-flashinfer"))
 
 
 async def _report(tmp_path: Path, scenario: Path, speed: float = SIM_SPEED) -> tuple[dict[str, Any], str]:
@@ -117,6 +128,7 @@ async def test_shipped_scenario_reaches_its_verdict(tmp_path: Path, name: str) -
         ("leftover-process", "the OOM is secondary", "free the GPUs first (pid 4242"),
         ("old-driver", "the baseline blocks this scene", "fix the scene first"),
         ("flaky-phases", "the environment is unstable", "rerun the frozen case on an isolated node"),
+        ("stale-jit-cache", "a fresh flashinfer cache starts", "/host-flashinfer (or move it aside) and start again"),
         ("healthy", "did not reproduce: every ladder step held, the deployment as written included", "--log"),
         (
             "demo",

@@ -49,6 +49,8 @@ ERROR_TEXT = {
     "max_model_len_exceeds_kv_cache": "KV cache is needed, which is larger than the available KV cache memory",
     "cudagraph_capture_oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU ",
     "address_in_use": "OSError: [Errno 98] Address already in use",
+    "stale_jit_kernel_symbol": "OSError: fused_moe_sm100.so: undefined symbol: _ZN10flashinfer7cutlass20CutlassMoeFCRunnerSm100E",
+    "stale_jit_kernel_illegal_access": "torch.AcceleratorError: CUDA error: an illegal memory access was encountered",
     "world_size_exceeds_gpus": "Value error, World size (",
 }
 # Per phase: a line written before a failure in that phase, and one it never gets to.

@@ -244,6 +244,8 @@ def _jit_cache(raw: Any, error_phases: Mapping[str, str], where: str) -> JitCach
         known = ", ".join(spec.name for spec in cache_specs())
         raise ConfigError(f"{where}: cache {cache!r} is not one of runner/data/caches.toml's ({known})")
     for error in errors:
+        if _CATALOG_KEY.fullmatch(error) and error not in error_phases:
+            raise ConfigError(f"{where}: unknown error {error!r} (known: {', '.join(sorted(error_phases))})")
         if error_phases.get(error, "engine_init") != "engine_init":
             raise ConfigError(f"{where}: error {error!r} happens in {error_phases[error]}, not engine_init")
     return JitCache(cache, reader.text("build"), errors, reader.text("left_by", ""))

@@ -10,7 +10,9 @@ the caches are ruled out. The answer is the checklist item caches_not_stale.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import os
 from collections.abc import Mapping
 from functools import cache
 from importlib import resources
@@ -18,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from protos import runner_pb2 as pb
+from runner.fingerprint.caches import caches_section
+from runner.redact import redactor
 from runner.stages import proxies
 from runner.stages.context import Attempt, RunContext
 from runner.stages.launcher import launch, release
@@ -70,7 +74,8 @@ async def run(ctx: RunContext, command: ServeCommand) -> None:
 
     got = await proxies.repeat(ctx, target, control)
     answered = not got.phase and not got.signature
-    suspects = stale_suspects(ctx.fingerprint, target)
+    surveyed = await asyncio.to_thread(caches_section, os.environ, redactor())  # now: the failures may have written
+    suspects = stale_suspects(surveyed["caches"], target)
     if answered:
         where = ", ".join(path for _, path in suspects) or "the engine's caches (runner/data/caches.toml)"
         ctx.stale_caches = tuple(path for _, path in suspects)
@@ -102,14 +107,12 @@ async def run(ctx: RunContext, command: ServeCommand) -> None:
     await ctx.check(pb.CHECKLIST_ID_CACHES_NOT_STALE, state, evidence)
 
 
-def stale_suspects(fingerprint: Mapping[str, Any] | None, target: Attempt) -> list[tuple[str, str]]:
-    """(cache name, path as the freeze recorded it) of the caches a stale-cache finding names: the non-empty ones
-    the failure's context points at, else every non-empty one."""
-    recorded = [
-        c
-        for c in ((fingerprint or {}).get("caches") or {}).get("caches") or []
-        if c.get("exists") and c.get("entries") and c.get("path")
-    ]
+def stale_suspects(caches: list[dict[str, Any]], target: Attempt) -> list[tuple[str, str]]:
+    """(cache name, redacted path) of the caches a stale-cache finding names, from a survey of them
+    (runner/fingerprint/caches.py): those the failure's context points at (the ones holding anything first), else
+    every one that holds anything."""
+    located = [c for c in caches if c.get("path")]
+    held = [c for c in located if c.get("exists") and c.get("entries")]
     named = _rules()[1].get(target.during, ())
-    pointed = [c for c in recorded if c.get("name") in named]
-    return [(str(c["name"]), str(c["path"])) for c in pointed or recorded]
+    pointed = [c for c in held if c.get("name") in named] or [c for c in located if c.get("name") in named]
+    return [(str(c["name"]), str(c["path"])) for c in pointed or held]
