@@ -21,6 +21,7 @@ from bot.store import Store
 from runner.redact import redactor
 from runner.sim.scenario import scenario_path
 from runner.stacks.dump import dump_pids
+from tests.k3fixtures import SIM_SPEED
 from tests.test_scenarios import STARTUP_HANG_SPEED
 
 API_KEY = "ApiKeyStacks" + secrets.token_hex(8)
@@ -100,3 +101,25 @@ async def test_py_spy_shows_the_command_line_not_the_locals_and_the_redactor_hid
     assert API_KEY in dump.text  # the hazard is real: py-spy prints the command line ...
     assert API_KEY not in redactor().line(dump.text)  # ... and the one redaction path hides it
     assert gone.text == "" and gone.error  # a process that is gone is reported, not raised
+
+
+REQUEST_HANG = """description = "a request that never comes back: rank 2 stuck in all_reduce"
+[deployment]
+command = "vllm serve moonshotai/Kimi-K3 --tensor-parallel-size 4 --trust-remote-code"
+[[fault]]
+id = "request-all-reduce"
+phase = "request"
+effect = "hang"
+rank = 2
+waits = "all_reduce"
+"""
+
+
+async def test_a_request_that_never_answers_is_dumped_before_the_engine_is_stopped(tmp_path: Path) -> None:
+    scenario = tmp_path / "request-hang.toml"
+    scenario.write_text(REQUEST_HANG)
+    report = await demo(tmp_path / "demo", scenario, SIM_SPEED, logs=False, out=io.StringIO())
+    error = report["first_error"]
+    assert error["phase"] == "request" and error["line"].startswith("hang: no progress in request")
+    assert error["stacks"][0].startswith("rank 2 differs: waits in all_reduce (pynccl.py:")
+    assert "ranks 0-1, 3 wait in shm broadcast" in error["stacks"][0]

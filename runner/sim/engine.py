@@ -159,7 +159,7 @@ class Engine:
             raise FaultResponseError(exception[0] if exception else "Internal Server Error")
         if fault.effect == "hang":
             self._stuck.set()
-            await hang([] if spec.key else blocks, self._log, self._procs)
+            await hang([] if spec.key else blocks, self._log, self._procs, fault.waits, rank)
         self.dead.set()
         await write_failure(blocks, self._log, self._procs, self._clock)
         raise EngineDeadError

@@ -9,6 +9,7 @@ from typing import NoReturn
 from runner.sim.catalog import Block
 from runner.sim.clock import SimClock
 from runner.sim.logwriter import LogWriter, Procs
+from runner.sim.workers import start_ranks
 
 
 async def write_failure(blocks: Sequence[Block], log: LogWriter, procs: Procs, clock: SimClock) -> None:
@@ -30,10 +31,17 @@ async def write_failure(blocks: Sequence[Block], log: LogWriter, procs: Procs, c
             log.plain(proc, [block.title, *traceback] if block.title else traceback)
 
 
-async def hang(blocks: Sequence[Block], log: LogWriter, procs: Procs) -> NoReturn:
+async def hang(blocks: Sequence[Block], log: LogWriter, procs: Procs, waits: str = "", rank: int = 0) -> NoReturn:
     """Stops making progress for good (a SIGTERM ends it): the failing process writes the fault's text, if
-    it has one, on stderr the way NCCL and CUDA print their own warnings, and nothing more."""
+    it has one, on stderr the way NCCL and CUDA print their own warnings, and nothing more. With `waits` (a
+    fault's collective), the TP ranks become processes whose stacks show `rank` stuck in it (runner/sim/workers/)."""
     if blocks:
         log.plain(procs.of(blocks[0].role, blocks[0].rank), list(blocks[0].exception))
-    await asyncio.Event().wait()  # nothing sets it
+    workers = start_ranks(len(procs.workers), rank, waits) if waits and procs.workers else []
+    try:
+        await asyncio.Event().wait()  # nothing sets it
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait()
     raise AssertionError("a hang never ends by itself")

@@ -23,7 +23,6 @@ from runner.sim.logwriter import LogWriter, Procs
 from runner.sim.server import ApiServer
 from runner.sim.sizing import Facts
 from runner.sim.startup import Startup
-from runner.sim.workers import start_ranks
 
 
 async def simulate(facts: Facts, speed: float) -> int:
@@ -73,14 +72,7 @@ class Simulator:
             multiproc = self._facts.multiproc
             if failure.effect == "hang":  # stuck where the error would strike; only an error given as text shows
                 shown = [] if failure.spec.key else catalog().blocks(failure.spec, failure.rank, multiproc, values)
-                ranks = len(self._procs.workers)
-                workers = start_ranks(ranks, failure.rank, failure.waits) if failure.waits and ranks else []
-                try:
-                    await hang(shown, self._log, self._procs)
-                finally:
-                    for worker in workers:
-                        worker.kill()
-                        worker.wait()
+                await hang(shown, self._log, self._procs, failure.waits, failure.rank)
             blocks = catalog().blocks(failure.spec, failure.rank, multiproc, values, traceback=failure.traceback)
             await write_failure(blocks, self._log, self._procs, self._clock)
             return 1

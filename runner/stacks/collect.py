@@ -28,6 +28,8 @@ async def stalled_stacks(ctx: RunContext, engine: RunningEngine | None, source: 
             dumps = await asyncio.wait_for(dump(LIMIT_S), OUTER_LIMIT_S)
         except TimeoutError:
             dumps = [ProcessDump(0, error=f"the dumps did not finish in {OUTER_LIMIT_S:.0f} s", label="engine")]
+    if not dumps:  # nothing of the engine is left to dump (it exited meanwhile)
+        return []
     summary = summarize(dumps)
     raw = [f"# {source}: where the engine's processes waited when it stalled (py-spy dump)", *summary, ""]
     for d in sorted(dumps, key=lambda d: d.pid):
