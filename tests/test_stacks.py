@@ -107,7 +107,7 @@ def test_text_that_is_no_dump_gives_no_frames_not_an_error() -> None:
         "python3: no Python frames",
         "python3 (pid 5): no Python frames",
     ]
-    assert ranges([7, 0, 1, 2, 4, 5]) == "0-2, 4-5, 7"
+    assert ranges([7, 0, 1, 2, 4, 5]) == "0-2, 4-5, 7" and ranges([1, 0, 1, 0]) == "0-1"
 
 
 def test_the_summary_reaches_the_thread_the_report_and_the_hand_off() -> None:

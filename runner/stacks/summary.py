@@ -177,7 +177,7 @@ def _first_word(cmdline: str) -> str:
 def ranges(numbers: list[int]) -> str:
     """`[0, 1, 2, 4, 5, 7]` → "0-2, 4-5, 7"."""
     spans: list[list[int]] = []
-    for n in sorted(numbers):
+    for n in sorted(set(numbers)):
         if spans and n == spans[-1][1] + 1:
             spans[-1][1] = n
         else:
