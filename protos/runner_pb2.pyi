@@ -30,6 +30,7 @@ class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PHASE_ENGINE_INIT: _ClassVar[Phase]
     PHASE_API_LISTEN: _ClassVar[Phase]
     PHASE_REQUEST: _ClassVar[Phase]
+    PHASE_UNKNOWN: _ClassVar[Phase]
 
 class ErrorCategory(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -119,6 +120,7 @@ PHASE_WEIGHT_LOAD: Phase
 PHASE_ENGINE_INIT: Phase
 PHASE_API_LISTEN: Phase
 PHASE_REQUEST: Phase
+PHASE_UNKNOWN: Phase
 ERROR_CATEGORY_UNSPECIFIED: ErrorCategory
 ERROR_CATEGORY_DRIVER_CUDA_INIT: ErrorCategory
 ERROR_CATEGORY_PTX_TOOLCHAIN: ErrorCategory

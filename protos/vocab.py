@@ -53,7 +53,9 @@ def ids(enum: type[E]) -> list[str]:
     return [to_id(enum, number) for number in wrapper.values() if number != 0]
 
 
-PHASES = ids(pb.Phase)
+# The phase of an error nothing in its log places: an id of the vocabulary, but no phase a launch goes through.
+UNKNOWN_PHASE = "unknown"
+PHASES = [phase for phase in ids(pb.Phase) if phase != UNKNOWN_PHASE]  # a launch's phases, in order
 STAGES = ids(pb.Stage)
 CATEGORIES = ids(pb.ErrorCategory)
 

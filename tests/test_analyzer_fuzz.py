@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from protos.vocab import CATEGORIES, PHASES
+from protos.vocab import CATEGORIES, PHASES, UNKNOWN_PHASE
 from runner.analyzer import Analysis, InputError, StreamAnalyzer, analyze_stream, analyze_text, default_rules
 from tests.test_analyzer_support import CORPUS, traceback
 
@@ -56,7 +56,8 @@ def check_contract(result: Analysis, source: str | None = None) -> None:
         "phase_from",
         "confidence",
     ]
-    assert out["phase"] is None or out["phase"] in [*PHASES, ""]  # "": unknown (phase_from "unknown")
+    assert out["phase"] is None or out["phase"] in [*PHASES, UNKNOWN_PHASE]
+    assert (out["phase"] == UNKNOWN_PHASE) == (out["phase_from"] == "unknown")
     assert out["category"] is None or out["category"] in CATEGORIES
     assert isinstance(out["secondary_oom"], bool) and isinstance(out["signature"], str)
     assert all(phase in PHASES for phase in out["phases_seen"])

@@ -186,6 +186,8 @@ def test_no_stall_once_ready_or_failed() -> None:
 
 def test_secondary_oom_becomes_known_after_the_finding() -> None:
     analyzer = StreamAnalyzer()
+    # A launch's log: a marker places the error at once (an unplaced one would wait for a wrapper that places it).
+    analyzer.feed("INFO 05-12 02:46:30 [__init__.py:1] Automatically detected platform cuda.")
     [finding] = analyzer.feed("RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)")
     assert isinstance(finding, ErrorFinding)
     assert not finding.secondary_oom

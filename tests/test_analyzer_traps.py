@@ -152,7 +152,8 @@ def test_free_memory_less_than_desired_is_a_secondary_oom_at_gpu_detect() -> Non
 @pytest.mark.parametrize(
     ("line", "phase", "category"),
     [
-        (NCCL_ROOT, "gpu_detect", "nccl_comm"),
+        # NCCL fails at start-up and while serving alike: one line alone does not say which.
+        (NCCL_ROOT, "unknown", "nccl_comm"),
         (
             "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
             "when initializing the engine.",
@@ -174,6 +175,7 @@ def test_free_memory_less_than_desired_is_a_secondary_oom_at_gpu_detect() -> Non
     ],
 )
 def test_phase_from_the_error_itself_without_markers(line: str, phase: str, category: str) -> None:
+    """Errors that can only happen in one phase place themselves; the others are `unknown` alone."""
     result = analyze_text(line)
     assert result.first_error is not None
     assert (result.first_error.phase, result.first_error.category, result.first_error.line) == (phase, category, line)

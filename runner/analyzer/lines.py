@@ -57,6 +57,8 @@ class LineParser:
         if "\x1b" in text:
             display = self.display(text)
             text = self._ansi.sub("", text)
+        elif "^[[" in text:  # colour codes pasted as caret text: the display keeps them, as the paste has them
+            text = self._ansi.sub("", text)
         while (match := self._wrappers.match(text)) and match.end():
             text = text[match.end() :]
         proc = ""

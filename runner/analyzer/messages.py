@@ -9,7 +9,7 @@ from runner.analyzer.stream import ErrorFinding
 
 def first_error_message(finding: ErrorFinding) -> pb.FirstError:
     return pb.FirstError(
-        phase=from_id(pb.Phase, finding.phase) if finding.phase else pb.PHASE_UNSPECIFIED,  # "": unknown
+        phase=from_id(pb.Phase, finding.phase) if finding.phase else pb.PHASE_UNSPECIFIED,  # "unknown" included
         category=from_id(pb.ErrorCategory, finding.category),
         line=finding.line,
         context=list(finding.context),

@@ -15,11 +15,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from protos.vocab import CATEGORIES, PHASES
+from protos.vocab import CATEGORIES, PHASES, UNKNOWN_PHASE
 from runner.analyzer.needles import needles_of
 
-RuleKind = Literal["root", "wrapper", "benign"]
-_KINDS: tuple[RuleKind, ...] = ("root", "wrapper", "benign")
+RuleKind = Literal["root", "wrapper", "benign", "weak"]
+_KINDS: tuple[RuleKind, ...] = ("root", "wrapper", "benign", "weak")
 _NAMED_GROUP = re.compile(r"\(\?P<\w+>")
 
 
@@ -98,6 +98,8 @@ class ErrorRule:
     secondary_oom: bool
     suppress_traceback: bool
     hang: bool  # a wrapper that interrupts a launch which stopped making progress
+    phase_usual: bool  # `phase` places the error when nothing else does (its class happens there, with rare exceptions)
+    startup: bool  # a wrapper raised only while the engine starts: the error before it happened in a start-up
     hint: str | None
     examples: tuple[str, ...]
     # A continuation line of the message that names the cause (pydantic's `Value error, ...`): it joins the
@@ -145,6 +147,10 @@ class Rules:
     # Evidence of the phase in an error's own lines when no marker, frame or module places it ([defaults]).
     request_evidence: re.Pattern[str] | None = None
     serving_seq: int = 100
+    # Traceback frames of an engine starting: a rule's usual phase places an error there ([defaults]).
+    startup_frames: re.Pattern[str] | None = None
+    # A worker method an error's own line names (group `method`), placed by the frame hints.
+    method_named: re.Pattern[str] | None = None
 
     def category_hint(self, category: str) -> str:
         return self.hints.get(category, self.hints.get("other", ""))
@@ -339,8 +345,10 @@ def parse_rules(data: Mapping[str, Any], origin: str = "rules.toml") -> Rules:
     return Rules(
         line=syntax,
         traceback=traceback,
-        # "" (unknown): an error nothing in the log places is reported without a phase, never a guessed one.
-        default_phase="" if defaults.text("phase") == "" else _required_phase(defaults, "phase"),
+        # "unknown": an error nothing in the log places is reported so, never with a guessed phase.
+        default_phase=(
+            UNKNOWN_PHASE if defaults.text("phase") == UNKNOWN_PHASE else _required_phase(defaults, "phase")
+        ),
         default_category=_check_id(defaults.text("category"), CATEGORIES, "category", "defaults.category") or "",
         category_by_phase=_phase_map(defaults, "category_by_phase"),
         markers=markers,
@@ -365,6 +373,8 @@ def parse_rules(data: Mapping[str, Any], origin: str = "rules.toml") -> Rules:
             else None
         ),
         serving_seq=defaults.integer("serving_seq") if "serving_seq" in defaults.data else 100,
+        startup_frames=defaults.regex("startup_frames") if "startup_frames" in defaults.data else None,
+        method_named=defaults.regex("method_named") if "method_named" in defaults.data else None,
     )
 
 
@@ -416,6 +426,8 @@ def _rule(table: _Table) -> ErrorRule:
         secondary_oom=table.flag("secondary_oom"),
         suppress_traceback=table.flag("suppress_traceback"),
         hang=table.flag("hang"),
+        phase_usual=table.flag("phase_usual"),
+        startup=table.flag("startup"),
         hint=hint,
         examples=tuple(table.texts("examples")),
         cause_follows=table.regex("cause_follows") if "cause_follows" in table.data else None,

@@ -16,8 +16,12 @@ How the first error is chosen (the rules themselves are data, see rules.toml):
   error '...'`, `RayTaskError(DistBackendError)`) is classified by the root rules.
 - Phase of the error: the rule's phase when only one is possible; `request` once the server was ready;
   else the outermost traceback frame that places it (an exception without one waits for the traceback
-  chained to it), else the logger's module, else the phase the markers reached, else the rule's usual
-  phase, else the default. Markers lag behind the code (ranks log at different times), frames do not.
+  chained to it), else the logger's module, else a worker method its line names, a collective's sequence
+  number or a request id, else the phase the markers reached, else a wrapper or marker right after it that
+  says where the run was (EngineDeadError: serving), else, when its traceback or a wrapper shows the engine
+  starting, where the rule's error happens in a start-up, else a compile-class rule's phase; else `unknown`
+  (such an error waits up to `max_wait_lines` lines for a line that places it). Markers lag behind the code
+  (ranks log at different times), frames do not.
 - A server stopped on purpose after it was serving ([stop]) ends the search: what follows is the stop's
   echo.
 """
@@ -30,7 +34,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from protos.vocab import PHASES
+from protos.vocab import PHASES, UNKNOWN_PHASE
 from runner.analyzer.lines import LineParser, LogLine
 from runner.analyzer.rules import Context, ErrorRule, Marker, Rules, default_rules, gate
 from runner.analyzer.signature import signature
@@ -47,6 +51,9 @@ _MAX_STREAMS = 512  # streams are keyed by pid; old ones are forgotten past this
 _MAX_WEAK = 16
 _MAX_DEMOTED = 8
 _DEMOTED_WINDOW = 4096  # lines after the first error in which wrappers are still listed (they follow it closely)
+_MAX_LATE = 8  # wrappers kept as evidence of where the run was, after an error nothing else places
+# What a wrapper or marker right after the error overrides: the error waits for one (phase_from of _placed).
+_UNPLACED = frozenset({"unknown", "default", "rule_in_startup", "rule_usual"})
 
 
 @dataclass(frozen=True)
@@ -73,8 +80,10 @@ class ErrorFinding:
     during: str = ""  # the log stretch it happened in (rules.toml [[context]], e.g. "cudagraph_capture")
     why: tuple[str, ...] = ()  # what chose this line, phase and category (`k3repro analyze --explain`)
     # What placed the phase: "marker" (the log's phase lines), "frames", "module" (the logger's call site),
-    # "request_id", "collective_seq", "rule" (only one phase is possible, or where the rule's error happens),
-    # "serving" (after readiness), "unknown" (phase "": nothing places it; the analyzer does not guess).
+    # "method" (a worker RPC its line names), "request_id", "collective_seq", "rule" (only one phase is possible),
+    # "wrapper_after"/"marker_after" (a line right after it says where the run was), "rule_in_startup" (where the
+    # rule's error happens, the engine starting), "rule_usual" (a compile-class rule's phase), "default"
+    # (rules.toml's disclosed guess), "unknown" (phase "unknown": nothing places it; the analyzer does not guess).
     phase_from: str = ""
     # False when the log does not show the exception itself (a traceback cut before its exception line): the
     # line is the traceback's header or last frame, and the category comes from what the frames show.
@@ -104,6 +113,17 @@ class Watch:
         return not (self.any_line or self.error_line)
 
 
+@dataclass(frozen=True, slots=True)
+class _Late:
+    """A line that says where the run was (a wrapper's phase or method, a marker) or that it was starting."""
+
+    line_no: int
+    phase: str | None
+    what: str
+    startup: bool = False
+    context: Context | None = None  # a context the marker's line started (the capture's progress bar)
+
+
 @dataclass(slots=True)
 class _Candidate:
     line_no: int
@@ -126,6 +146,7 @@ class _Candidate:
     after: list[str] = field(default_factory=list)
     reserved: bool = False  # a header waiting for its traceback to end
     cut: bool = False  # a traceback that ends (the log ends) before its exception line
+    startup: bool = False  # its traceback shows the engine starting ([defaults] startup_frames)
 
 
 @dataclass(slots=True)
@@ -144,6 +165,10 @@ class _Stream:
     last_frame: LogLine | None = None  # the traceback's last `File "…"` line (names a cut traceback's failure)
     last_frame_no: int = 0
     last_frame_run_phase: str | None = None
+    startup: bool = False  # the running traceback has a frame of the engine starting
+    after_frame: bool = False  # the stream's last line was a `File "…"` frame line (its source line is next)
+    wrapper_head: _Candidate | None = None  # a logged wrapper line: heads a traceback if the next line starts one
+    cut_head: _Candidate | None = None  # the wrapper line heading the running traceback
 
 
 class StreamAnalyzer:
@@ -182,6 +207,8 @@ class StreamAnalyzer:
         self._stop_line = ""
         self._echoes = 0  # error lines after the stop notice
         self._demoted: list[tuple[int, str]] = []  # wrappers passed over, for --explain
+        # Lines after which an earlier error nothing else places is placed: wrappers and markers (_Late).
+        self._late: deque[_Late] = deque(maxlen=_MAX_LATE)
         self._marker_at: tuple[int, str] | None = None  # the marker line that moved the phase last
         self._module_phases: dict[str, str | None] = {}
         self._frame_contexts = tuple(c for c in self.rules.contexts if c.frames is not None)
@@ -372,7 +399,7 @@ class StreamAnalyzer:
             return out
         self._expire(force=True)
         if self._first_error is None and self._best is not None:
-            self._maybe_emit(out)
+            self._maybe_emit(out, force=True)
         return out
 
     def close(self) -> list[PhaseFinding | ErrorFinding]:
@@ -398,7 +425,7 @@ class StreamAnalyzer:
                 self._best = min(self._weak, key=lambda c: c.line_no)
             if self._best is None and self._wrapper is not None:
                 self._best = self._wrapper
-            self._maybe_emit(out)
+            self._maybe_emit(out, force=True)
         return out
 
     def _cut_traceback(self, st: _Stream) -> None:
@@ -406,7 +433,9 @@ class StreamAnalyzer:
         still there, named by the traceback's logged header or else its last frame, with less confidence."""
         if st.state != _FRAMES or st.last_frame is None or st.suppress:
             return
-        cand = st.reservation
+        cand = st.reservation or st.cut_head
+        if cand is st.cut_head and cand is not None:
+            self._add_weak(cand)
         if cand is None:
             ll = st.last_frame
             cand = _Candidate(
@@ -425,7 +454,7 @@ class StreamAnalyzer:
             self._add_weak(cand)
         cand.cut = True
         cand.frame_phase, cand.frame_line = st.frame_phase, st.frame_line
-        cand.frame_context = st.frame_context
+        cand.frame_context, cand.startup = st.frame_context, st.startup
 
     # -- one line -------------------------------------------------------------------------------
 
@@ -448,6 +477,8 @@ class StreamAnalyzer:
         self._last_key_of_proc[ll.proc] = key
         msg = ll.msg
         tb = self._tb
+        after_frame, st.after_frame = st.after_frame, False
+        head, st.wrapper_head = st.wrapper_head, None
         if ll.level is not None and ll.level not in self._error_levels:
             self._resolve_header(st, starts_traceback=False)
             self._end_message(st)
@@ -464,6 +495,9 @@ class StreamAnalyzer:
             self._end_message(st)
             st.state = _FRAMES
             _clear_frames(st)
+            st.cut_head = head
+        elif st.state == _FRAMES and not msg.strip():
+            pass  # a blank logged line inside a traceback's frames (a collector's or a logger's): not its end
         elif tb.chain.match(msg) or not msg.strip():
             # An exception's message ends; one no frame placed waits for the traceback chained to it.
             self._end_message(st)
@@ -479,6 +513,9 @@ class StreamAnalyzer:
                 self._frame(st, msg)
                 if tb.frame.match(msg):
                     st.last_frame, st.last_frame_no, st.last_frame_run_phase = ll, self._n, self._run_phase()
+                    st.after_frame = True
+        elif st.state == _FRAMES and after_frame and not tb.exception.match(msg):
+            self._frame(st, msg)  # a frame's source line that a collector unindented
         elif st.state == _FRAMES and tb.exception.match(msg):
             self._place(st)
             self._exception(st, ll)
@@ -517,6 +554,10 @@ class StreamAnalyzer:
             st.frame_phase, st.frame_line = hint.phase, msg.strip()
         if st.frame_context is None and self._frame_contexts and rules.context_frame_gate.search(msg):
             st.frame_context = next(c for c in self._frame_contexts if c.frames and c.frames.search(msg))
+        if not st.startup and rules.startup_frames is not None and rules.startup_frames.search(msg):
+            st.startup = True
+            if st.unplaced is not None:
+                st.unplaced.startup = True  # a chained traceback of the engine starting encloses it
         cand = st.unplaced
         if cand is not None and st.frame_phase is not None:
             # The traceback chained to an unplaced exception encloses it: its frames place it.
@@ -532,6 +573,21 @@ class StreamAnalyzer:
             hint = next((h for h in self.rules.module_hints if h.pattern.search(src)), None)
             self._module_phases[src] = hint.phase if hint else None
         return self._module_phases[src]
+
+    def _frame_hint(self, text: str) -> str | None:
+        """The phase a frame hint gives `text` (a frame line, or a worker method a wrapper names)."""
+        if not self.rules.frame_gate.search(text):
+            return None
+        return next(h.phase for h in self.rules.frame_hints if h.pattern.search(text))
+
+    def _late_window(self, cand: _Candidate) -> list[_Late]:
+        """The evidence lines within `max_wait_lines` after the candidate."""
+        end = cand.line_no + self._tb.max_wait_lines
+        return [x for x in self._late if cand.line_no < x.line_no <= end]
+
+    def _late_after(self, cand: _Candidate) -> _Late | None:
+        """The first line right after the candidate that says where the run was."""
+        return next((x for x in self._late_window(cand) if x.phase is not None), None)
 
     def _match(self, msg: str) -> ErrorRule | None:
         if not self._rule_gate.search(msg):
@@ -556,11 +612,19 @@ class StreamAnalyzer:
                 self._wrapped(rule, st, ll)
             elif rule.kind == "benign":
                 st.suppress = rule.suppress_traceback
+            elif rule.kind == "weak":
+                self._add_weak(self._candidate(st, ll, _WEAK, rule))
+                if rule.phase_fixed and _later(rule.phase, self._evidence_phase):
+                    self._evidence_phase = rule.phase  # like a marker: the run was there
             else:
                 cand = self._candidate(st, ll, _RULE, rule)
                 if self._tb.standalone.match(msg):
                     st.state, st.message_lines = _MESSAGE, 0
-                if rule.cause_follows is not None and st.state == _MESSAGE:
+                if st.state == _MESSAGE and (
+                    rule.cause_follows is not None or (cand.run_phase is None and self._unplaced(cand))
+                ):
+                    # (A log without markers: a traceback chained to it may still place it, as for an
+                    # exception that ends a traceback.)
                     st.pending = cand
                     self._open.append(cand)
                 else:
@@ -594,10 +658,12 @@ class StreamAnalyzer:
             self._echoes += 1
             _clear_frames(st)
             return
-        if rule is not None and rule.kind != "root":
+        if rule is not None and rule.kind not in ("root", "weak"):
             if rule.kind == "wrapper":
                 self._wrapped(rule, st, ll)
             return
+        if rule is not None and rule.kind == "weak":
+            rule = None  # an exception line is stronger evidence than a library's warning it happens to quote
         tier = _RULE if rule is not None else _GENERIC
         told = msg.partition(": ")[2].strip()
         if reservation is not None and len(told) >= 8 and told in reservation.msg:
@@ -702,6 +768,14 @@ class StreamAnalyzer:
     def _wrapped(self, rule: ErrorRule, st: _Stream, ll: LogLine) -> None:
         if rule.phase is not None and _later(rule.phase, self._evidence_phase):
             self._evidence_phase = rule.phase
+        method = _groups(rule, ll.msg).get("method")
+        phase = rule.phase or (self._frame_hint(f"in {method}") if method else None)
+        if phase is not None or rule.startup:
+            self._late.append(
+                _Late(self._n, phase, f"{rule.id}" + (f", method {method}" if method else ""), rule.startup)
+            )
+        if ll.level is not None:
+            st.wrapper_head = self._candidate(st, ll, _WEAK, None)
         self._demote(rule, ll)
         if self._wrapper is None:
             cand = self._wrapper = self._candidate(st, ll, _WRAPPER, rule)
@@ -729,6 +803,7 @@ class StreamAnalyzer:
             frame_line=st.frame_line,
             frame_context=st.frame_context,
             groups=_groups(rule, ll.msg),
+            startup=st.startup,
         )
 
     def _settle(self, cand: _Candidate) -> None:
@@ -762,12 +837,18 @@ class StreamAnalyzer:
                     self._open.remove(cand)
                     self._settle(cand)
 
-    def _maybe_emit(self, out: list[PhaseFinding | ErrorFinding]) -> None:
+    def _maybe_emit(self, out: list[PhaseFinding | ErrorFinding], force: bool = False) -> None:
         best = self._best
         if best is None or any(c.line_no < best.line_no for c in self._open):
             return
-        category, category_why = self._categorized(best)
         phase, phase_why, phase_from = self._placed(best)
+        if (
+            phase_from in _UNPLACED
+            and not (force or self._closed)
+            and self._n - best.line_no <= self._tb.max_wait_lines
+        ):
+            return  # a wrapper may still say where the run was (EngineDeadError right after a serving failure)
+        category, category_why = self._categorized(best)
         hint = self._hint(best, category)
         secondary = self._secondary(best, category)
         if secondary:
@@ -792,7 +873,7 @@ class StreamAnalyzer:
             during=during,
             why=(
                 f"line: {self._chosen(best)}",
-                f"phase: {phase or 'unknown'} (from {phase_from}): {phase_why}",
+                f"phase: {phase} (from {phase_from}): {phase_why}",
                 f"category: {category}: {category_why}",
                 *(
                     ["confidence: low: the log ends inside this traceback, before its exception line"]
@@ -865,6 +946,10 @@ class StreamAnalyzer:
         module = self._module_phase(cand.src) if cand.src else None
         if module is not None:
             return module, f"logged by {cand.src}", "module"
+        named = self.rules.method_named.search(cand.msg) if self.rules.method_named is not None else None
+        method_phase = self._frame_hint(f"in {named['method']}") if named is not None else None
+        if named is not None and method_phase is not None:
+            return method_phase, f"the worker method its line names ({named['method']})", "method"
         seq = cand.groups.get("seq") or cand.groups.get("seq2")
         if seq is not None and seq.isdigit():
             # A collective's sequence number counts the collectives the group had done: start-up runs a few.
@@ -878,12 +963,24 @@ class StreamAnalyzer:
             return "request", "the error names a request (its id)", "request_id"
         if cand.run_phase is not None:
             return cand.run_phase, "the phase the log's markers had reached", "marker"
+        late = self._late_after(cand)
+        if late is not None and late.phase is not None:
+            kind = "marker" if late.what == "marker" else "wrapper"
+            return (
+                late.phase,
+                f"the {kind} right after it (line {late.line_no}, {late.what}) says where the run was",
+                f"{kind}_after",
+            )
+        startup = cand.startup or any(x.startup for x in self._late_window(cand))
         for rule in rules:
-            if rule is not None and rule.phase is not None:
-                return rule.phase, f"where {rule.id} happens (nothing else in the log places it)", "rule_usual"
-        if self.rules.default_phase:
+            if startup and rule is not None and rule.phase is not None:
+                why = f"where {rule.id} happens in a start-up (its traceback shows the engine starting)"
+                return rule.phase, why, "rule_in_startup"
+            if rule is not None and rule.phase_usual and rule.phase is not None:
+                return rule.phase, f"where {rule.id} happens (its class: rules.toml phase_usual)", "rule_usual"
+        if self.rules.default_phase != UNKNOWN_PHASE:
             return self.rules.default_phase, "nothing in the log places it: the default", "default"
-        return "", "nothing in the log places it: no phase is guessed", "unknown"
+        return UNKNOWN_PHASE, "nothing in the log places it: no phase is guessed", "unknown"
 
     def _category(self, cand: _Candidate) -> str:
         return self._categorized(cand)[0]
@@ -908,7 +1005,8 @@ class StreamAnalyzer:
             rule = cand.refined
             if rule is not None and rule.category is not None:
                 return rule.category, f"the exception's message matches rule {rule.id}"
-        context = cand.frame_context or cand.context
+        late = self._late_after(cand) if cand.run_phase is None else None
+        context = cand.frame_context or cand.context or (late.context if late is not None else None)
         if context is not None and context.category is not None:
             by = "its traceback's frames" if context is cand.frame_context else "the log"
             return context.category, f"it happened during {context.name} (by {by})"
@@ -983,16 +1081,19 @@ class StreamAnalyzer:
         if self._stop_armed() and self._is_stop(ll.msg):
             self._stop(ll)
         changed = False
+        started: Context | None = None
         for context in rules.contexts:
             if context.name in self._contexts:
                 if context.end.search(text):
                     del self._contexts[context.name]
                     changed = True
             elif context.start.search(text):
-                self._contexts[context.name] = context
+                self._contexts[context.name] = started = context
                 changed = True
         for marker in self._active_markers:
             if marker.pattern.search(text):
+                if self._first_error is None:
+                    self._late.append(_Late(self._n, marker.phase, "marker", context=started))
                 self._marked(marker.phase, marker.reset, marker.ready, ll, out)
                 changed = True
                 break
@@ -1035,12 +1136,13 @@ def _idle(st: _Stream) -> bool:
 
 def _clear_frames(st: _Stream) -> None:
     st.frame_phase, st.frame_line, st.frame_context = None, "", None
-    st.last_frame = None
+    st.last_frame, st.startup, st.cut_head = None, False, None
 
 
 def _take_frames(st: _Stream, cand: _Candidate) -> None:
     """The traceback that just ended placed this candidate (or did not): its frames are the candidate's."""
     cand.frame_phase, cand.frame_line, cand.frame_context = st.frame_phase, st.frame_line, st.frame_context
+    cand.startup = cand.startup or st.startup
     _clear_frames(st)
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protos import runner_pb2 as pb
-from protos.vocab import CHECKLIST_IDS, to_id
+from protos.vocab import CHECKLIST_IDS, UNKNOWN_PHASE, to_id
 from runner.clock import Clock
 from runner.config import RunnerConfig
 from runner.engines import EngineBackend, RunningEngine
@@ -32,8 +32,16 @@ class Attempt:
 
     def same_as(self, other: Attempt | pb.FirstError) -> bool:
         """The one meaning of "the same failure": an equal normalised first-error signature, which carries the
-        phase and the category (runner/analyzer/signature.py); never identical text."""
-        return bool(self.signature) and self.signature == other.signature
+        phase and the category (runner/analyzer/signature.py); never identical text. Where one side's phase is
+        unknown (a pasted excerpt that does not show it), nothing is decided from the phase or the category that
+        follows from it: the normalised messages alone are compared."""
+        if not self.signature or not other.signature:
+            return False
+        if self.signature == other.signature:
+            return True
+        mine, theirs = self.signature.split(":", 2), other.signature.split(":", 2)
+        unknown = UNKNOWN_PHASE in (mine[0], theirs[0])
+        return unknown and len(mine) == len(theirs) == 3 and mine[2] == theirs[2]
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from protos import runner_pb2 as pb
-from protos.vocab import CHECKLIST_IDS, from_id, to_id
+from protos.vocab import CHECKLIST_IDS, UNKNOWN_PHASE, from_id, to_id
 from runner.stages.context import RunContext, StageResult
 from runner.stages.launcher import shell_line
 from runner.stages.verdict_line import headline
@@ -62,7 +62,7 @@ def against_deployment(ctx: RunContext) -> str:
         return ""
     wanted = ctx.request.deployment_error
     phase, category = to_id(pb.Phase, wanted.phase), to_id(pb.ErrorCategory, wanted.category)
-    where = f"{phase} [{category}]"
+    where = f"{'a phase the log does not show' if phase == UNKNOWN_PHASE else phase} [{category}]"
     found = next((a for a in ctx.attempts if a.phase), None) or next((s.failure for s in ctx.steps if s.failure), None)
     if found is None:
         return f"the deployment's log fails in {where}; this run met no failure: not reproduced"
