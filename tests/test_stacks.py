@@ -155,3 +155,15 @@ def test_the_real_dumps_planted_api_key_stays_out_of_the_summary_and_is_redacted
     assert "sk-PLANTEDsecret99" in raw
     assert not any("PLANTED" in line for line in summarize(real_dumps()))
     assert "PLANTED" not in redactor().line(raw) and "--api-key [REDACTED:" in redactor().line(raw)
+
+
+def test_workers_not_yet_titled_with_their_rank_are_told_apart_by_pid() -> None:
+    """vLLM titles a worker `VLLM::Worker` until its parallel groups exist: a hang in NCCL's set-up comes before."""
+    untitled = (REAL / "31683.txt").read_text()
+    dumps = [ProcessDump(200 + i, untitled.replace("Process 31683", f"Process {200 + i}")) for i in range(3)]
+    hung = ALL_REDUCE.format(pid=203, rank=9, tid=1).replace("VLLM::Worker_TP9", "VLLM::Worker")
+    lines = summarize([*dumps, ProcessDump(203, hung)])
+    assert lines[0] == (
+        "worker pid 203 differs: waits in all_reduce (pynccl.py:145); "
+        "worker pids 200, 201, 202 wait in shm broadcast (acquire_read, shm_broadcast.py:864)"
+    )

@@ -12,6 +12,7 @@ import functools
 import re
 import tomllib
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 
@@ -189,41 +190,55 @@ def _ranks(numbers: list[int]) -> str:
     return f"rank {numbers[0]}" if len(numbers) == 1 else f"ranks {ranges(numbers)}"
 
 
+def _pids(role: str, waits: list[ProcessWait]) -> str:
+    pids = sorted(w.pid for w in waits)
+    return f"{role} pid {pids[0]}" if len(pids) == 1 else f"{role} pids {', '.join(map(str, pids))}"
+
+
 def _plural(says: str) -> str:
     """The words after a plural subject: "waits in …" → "wait in …" (ranks 0-2 wait in …)."""
     first, _, rest = says.partition(" ")
     return f"{first[:-1]} {rest}" if first.endswith("s") and not first.endswith("ss") else says
 
 
-def _group(waits: list[ProcessWait]) -> str:
-    numbers = sorted(w.rank for w in waits if w.rank is not None)
-    says = waits[0].wait.says if waits[0].wait else ""
-    return f"{_ranks(numbers)} {says if len(numbers) == 1 else _plural(says)}"
+def _says(waits: list[ProcessWait]) -> str:
+    said = waits[0].wait.says if waits[0].wait else ""
+    return said if len(waits) == 1 else _plural(said)
+
+
+def _odd_one_out(waits: list[ProcessWait], name: Callable[[list[ProcessWait]], str]) -> str:
+    """ "rank 3 differs: …; ranks 0-2, 4-7 wait in …" when `waits` (processes of one kind) do not all wait alike
+    (the smallest group differs; on a tie, the one with the lowest rank or pid); else ""."""
+    groups: dict[str, list[ProcessWait]] = defaultdict(list)
+    for w in waits:
+        groups[w.wait.key if w.wait else ""].append(w)
+    if len(groups) < 2:
+        return ""
+    odd, *rest = sorted(
+        groups.values(), key=lambda g: (len(g), min(w.rank if w.rank is not None else w.pid for w in g))
+    )
+    verb = "differs" if len(odd) == 1 else "differ"
+    return f"{name(odd)} {verb}: {_says(odd)}; " + "; ".join(f"{name(g)} {_says(g)}" for g in rest)
 
 
 def headline(waits: list[ProcessWait]) -> str:
-    """One line: the ranks that differ from the others and where, else where the engine's processes wait (the
-    most telling first)."""
-    ranked = [w for w in waits if w.rank is not None and w.wait is not None]
-    groups: dict[str, list[ProcessWait]] = defaultdict(list)
-    for w in ranked:
-        groups[w.wait.key if w.wait else ""].append(w)
-    if len(groups) > 1:  # the smallest group differs (on a tie, the one with the lowest rank)
-        odd, *rest = sorted(groups.values(), key=lambda g: (len(g), min(w.rank or 0 for w in g)))
-        numbers = sorted(w.rank for w in odd if w.rank is not None)
-        verb = "differs" if len(numbers) == 1 else "differ"
-        said = odd[0].wait.says if odd[0].wait else ""
-        return f"{_ranks(numbers)} {verb}: {said if len(numbers) == 1 else _plural(said)}; " + "; ".join(
-            _group(g) for g in rest
-        )
-    telling = sorted(
-        (w for w in waits if w.wait is not None and w.rank is None), key=lambda w: w.wait.priority if w.wait else 0
-    )
-    parts = [_group(ranked)] if ranked else []
+    """One line: the ranks (or, before vLLM titles its workers with their rank, the processes of one kind) that
+    differ from the others and where, else where the engine's processes wait (the most telling first)."""
+    waiting = [w for w in waits if w.wait is not None]
+    ranked = [w for w in waiting if w.rank is not None]
+    if odd := _odd_one_out(ranked, lambda g: _ranks(sorted(w.rank for w in g if w.rank is not None))):
+        return odd
+    by_role: dict[str, list[ProcessWait]] = defaultdict(list)
+    for w in waiting:
+        if w.rank is None:
+            by_role[w.role].append(w)
+    for role, members in by_role.items():
+        if odd := _odd_one_out(members, functools.partial(_pids, role)):
+            return odd
+    telling = sorted((w for w in waiting if w.rank is None), key=lambda w: w.wait.priority if w.wait else 0)
+    parts = [f"{_ranks(sorted(w.rank for w in ranked if w.rank is not None))} {_says(ranked)}"] if ranked else []
     parts += [f"{w.role}: {w.wait.says}" for w in telling[:2] if w.wait is not None]
-    if not parts:
-        parts = [w.line() for w in waits[:2]]
-    return "; ".join(parts)
+    return "; ".join(parts or [w.line() for w in waits[:2]])
 
 
 def summarize(dumps: list[ProcessDump]) -> list[str]:
