@@ -84,6 +84,18 @@ async def test_an_engine_init_failure_that_fails_the_same_with_fresh_caches_is_n
     assert len(_controls(events)) >= 1
 
 
+async def test_a_failure_that_moves_between_phases_and_moves_the_same_with_fresh_caches_is_not_the_caches(
+    certs: DevCerts, tmp_path: Path, host_caches: Path
+) -> None:
+    events = await run_to_end(certs, tmp_path, runner_data(certs, tmp_path / "runner", scenario="flaky-phases"))
+    phases = [to_id(pb.Phase, e.first_error.phase) for e in events if e.HasField("first_error")]
+    assert phases == ["weight_load", "engine_init", "engine_init"]  # two attempts, then the control
+    state, evidence = _checklist(events)["caches_not_stale"]
+    assert state == pb.CHECKLIST_STATE_HOLDS and "fails the same with fresh caches (engine_init" in evidence
+    finished = events[-1].run_finished
+    assert finished.decision == pb.DECISION_ISOLATE and "clear" not in finished.headline  # the node, not a cache
+
+
 async def test_a_failure_outside_the_cache_phases_gets_no_control_launch(
     certs: DevCerts, tmp_path: Path, host_caches: Path
 ) -> None:

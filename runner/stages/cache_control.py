@@ -60,7 +60,8 @@ async def run(ctx: RunContext, command: ServeCommand) -> None:
     reason = why(ctx.attempts)
     if not reason:
         return
-    target = next(a for a in ctx.attempts if a.phase and not a.foreign)
+    failed = [a for a in ctx.attempts if a.phase and not a.foreign]
+    target = failed[0]
     root = ctx.config.state_dir / "runs" / ctx.run_id / "fresh-caches"
     numbers = itertools.count(1)
 
@@ -87,13 +88,13 @@ async def run(ctx: RunContext, command: ServeCommand) -> None:
         )
     elif got.foreign:
         state, evidence = PENDING, "the control launch started while other processes held GPU memory: not evidence"
-    elif got.same_as(target):
+    elif any(got.same_as(a) for a in failed):  # a failure that moves: one the host's caches also gave
         state, evidence = HOLDS, f"fails the same with fresh caches ({got.phase} [{got.category}]): not the caches"
     else:
         state, evidence = (
             PENDING,
-            f"with fresh caches it fails differently ({got.phase} [{got.category}], where the host's caches gave "
-            f"{target.phase} [{target.category}]): the caches change the failure, not clearly its cause",
+            f"with fresh caches it fails differently ({got.phase} [{got.category}]), in a way no attempt with the "
+            f"host's caches did ({target.phase} [{target.category}] first): not settled",
         )
     await ctx.artifact(
         "fresh_caches_control",
