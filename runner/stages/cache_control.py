@@ -80,10 +80,11 @@ async def run(ctx: RunContext, command: ServeCommand) -> None:
     if answered:
         where = ", ".join(path for _, path in suspects) or "the engine's caches (runner/data/caches.toml)"
         ctx.stale_caches = tuple(path for _, path in suspects)
-        names = " and ".join(dict.fromkeys(name for name, _ in suspects)) or "a"
+        names = " and ".join(dict.fromkeys(name for name, _ in suspects))
+        fresh = f"a fresh {names} cache starts" if names else "fresh caches start"
         state, evidence = (
             FAILS,
-            f"a fresh {names} cache starts: with new, empty caches the launch answers, where with the host's caches {reason}; "
+            f"{fresh}: with new, empty caches the launch answers, where with the host's caches {reason}; "
             f"the host's cache is stale: clear {where}",
         )
     elif got.foreign:
