@@ -19,7 +19,9 @@ from bot.report import run_report
 from bot.store import Store
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
-from runner.engines.fresh_caches import redirect
+from runner.config import KubernetesSettings
+from runner.engines.fresh_caches import CONTAINER_ROOT, redirect
+from runner.engines.kubernetes import pod_manifest
 from runner.fingerprint.caches import cache_specs
 from runner.sim import jit_cache
 from runner.stages.cache_control import SOURCE, why
@@ -145,3 +147,15 @@ async def test_a_planted_secret_in_a_cache_path_never_leaves_the_control_in_clea
     assert b"a fresh flashinfer cache starts" in events and "Fresh-cache control: a fresh flashinfer" in handoff
     assert b"[REDACTED:" in events and "[REDACTED:" in handoff
     assert [name for name, data in places.items() if planted.encode() in data] == []
+
+
+def test_a_pod_gets_fresh_caches_inside_its_own_filesystem_only_when_asked() -> None:
+    settings = KubernetesSettings(env=(("HF_MODULES_CACHE", "/cache/modules"), ("HF_HOME", "/cache")))
+    argv = ["vllm", "serve", "org/model", "--port", "8000"]
+
+    def env(fresh: bool) -> dict[str, str]:
+        body = pod_manifest(settings, "node-1", argv, run_id="r1", image="i", launch=1, fresh_caches=fresh)
+        return {e["name"]: e["value"] for e in body["spec"]["containers"][0]["env"]}
+
+    assert env(False) == {"HF_MODULES_CACHE": "/cache/modules", "HF_HOME": "/cache"}
+    assert env(True) == {"HF_HOME": "/cache", **redirect(CONTAINER_ROOT)}  # the runner's values win, one of each
