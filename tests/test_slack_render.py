@@ -73,7 +73,11 @@ def test_the_checklist_keeps_one_block_layout_from_first_to_last_state() -> None
     assert [(b["type"], b.get("block_id")) for b in first.blocks] == [
         (b["type"], b.get("block_id")) for b in last.blocks
     ]
-    assert f"{len(CHECKLIST_IDS)}/{len(CHECKLIST_IDS)} hold" in last.text and "run completed" in last.text and not last.overflow
+    assert (
+        f"{len(CHECKLIST_IDS)}/{len(CHECKLIST_IDS)} hold" in last.text
+        and "run completed" in last.text
+        and not last.overflow
+    )
 
 
 def test_a_stage_result_too_big_for_slack_is_shortened_and_its_full_text_kept_for_a_file() -> None:
