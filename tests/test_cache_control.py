@@ -114,6 +114,7 @@ def test_the_condition_is_engine_init_a_moving_phase_or_a_cache_read() -> None:
     )
     assert why([Attempt("gpu_detect", "other", "s1", during="remote_code_load")]).endswith("remote_code_load")
     assert why([Attempt("gpu_detect", "nccl_comm", "s1")]) == ""
+    assert why([Attempt("unknown", "nccl_comm", "s1"), Attempt("gpu_detect", "nccl_comm", "s2")]) == ""  # no move
     assert why([Attempt("engine_init", "oom", "s1", foreign=True)]) == ""  # memory held by others: not evidence
 
 

@@ -41,6 +41,12 @@ def test_failures_at_different_phases_mean_isolate(tmp_path: Path) -> None:
     assert reasons == ["the same command fails at different phases from attempt to attempt: gpu_detect, weight_load"]
 
 
+def test_an_unknown_phase_is_no_different_phase(tmp_path: Path) -> None:
+    # A failure nothing placed (phase "unknown") beside a placed one: the phase did not move, nothing is decided.
+    ctx = _context(tmp_path, attempts=[Attempt("unknown", "nccl_comm", "a"), Attempt("gpu_detect", "nccl_comm", "b")])
+    assert not any("different phases" in reason for reason in decide(ctx)[1])
+
+
 def test_gpu_memory_holders_that_come_and_go_mean_isolate(tmp_path: Path) -> None:
     ctx = _context(
         tmp_path,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from protos import runner_pb2 as pb
+from protos.vocab import UNKNOWN_PHASE
 from runner.fingerprint.caches import caches_section
 from runner.redact import redactor
 from runner.stages import proxies
@@ -45,7 +46,7 @@ def why(attempts: list[Attempt]) -> str:
     """Why these attempts call for the control ("" when they do not): the condition, in words."""
     failed = [a for a in attempts if a.phase and not a.foreign]
     phases, during = _rules()
-    moved = list(dict.fromkeys(a.phase for a in failed))
+    moved = list(dict.fromkeys(a.phase for a in failed if a.phase != UNKNOWN_PHASE))  # unknown: no phase to move
     if len(moved) > 1:
         return f"the failure moves between phases ({', '.join(moved)})"
     if any(a.phase in phases for a in failed):

@@ -96,7 +96,8 @@ def _instability(ctx: RunContext) -> list[str]:
         reasons.append(
             f"image {ctx.request.image} moved during the run ({moved}): what failed cannot be rolled back to"
         )
-    failed = [a for a in ctx.attempts if a.phase and not a.foreign]
+    # (an unknown phase is no phase: it cannot differ from the others)
+    failed = [a for a in ctx.attempts if a.phase and a.phase != UNKNOWN_PHASE and not a.foreign]
     phases = list(dict.fromkeys(a.phase for a in failed))
     if len(phases) > 1:
         reasons.append(f"the same command fails at different phases from attempt to attempt: {', '.join(phases)}")
