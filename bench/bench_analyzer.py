@@ -2,20 +2,22 @@
 
 1. Corpus: lines/s of StreamAnalyzer.feed over the labelled logs, and of a plain loop that only strips
    process prefixes with the same regex (the floor any line-by-line Python analysis pays).
-2. Big files (--size-mb, issue 3 asks for >= 500): serving lines of the healthy corpus logs (access
-   logs, stats, requests with their prompts, warnings) repeated, with corpus logs interleaved, in three
-   layouts: `interleaved` spreads all logs, healthy and failing, evenly through the file;
-   `error-at-end` spreads the healthy ones and puts the failing ones at the end, so no first error is
-   known until the last MiB (the scan must look for every error needle all the way); `graphs-nccl` is
-   `error-at-end` with a quarter of the serving lines about CUDA graphs or NCCL (DEBUG capture lines,
-   NCCL_DEBUG=INFO output), which real serving logs repeat and which share words with markers and rules
-   (issue 15: such a log must stay on the fast path).
-   For each: analyze_path's time (best of --repeat fresh processes, Hyperscan compilation included),
-   MB/s and peak RSS at a quarter and at the full size (memory flat in the file size), and the ratio to
-   `grep -c -E 'Error|Exception'` over the same file (best of --repeat). For reference, the streaming
-   path (every line read, as for a pipe) on the quarter-size file.
+2. Big files (--size-mb, default 256; issue 3 asked for >= 500 once), one per log class:
+   - `noise`: generated serving lines without error words (tests/analyzer_logs.py);
+   - `error-dense`: a third of the lines say ERROR, Error or Exception as other components and apps do (error
+     records of other loggers, INFO lines quoting exception names, paths and metrics with the words), none a
+     vLLM error, and a logged ERROR line first: the analyzer must keep looking for a stronger error to the end;
+   - real vLLM lines: serving lines of the healthy corpus logs with corpus logs interleaved, in three layouts:
+     `interleaved` spreads all logs, healthy and failing, evenly through the file; `error-at-end` spreads the
+     healthy ones and puts the failing ones at the end, so no first error is known until the last MiB;
+     `graphs-nccl` is `error-at-end` with a quarter of the serving lines about CUDA graphs or NCCL (DEBUG
+     capture lines, NCCL_DEBUG=INFO output), which share words with markers and rules (issue 15).
+   For each: the file path (analyze_path) and the pipe path (`cat FILE | ...analyze_stream(stdin)`, as
+   `k3repro analyze -` reads), each the best of --repeat fresh processes (rules and Hyperscan compilation
+   included), MiB/s, peak RSS, and the ratio to `grep -c -E 'Error|Exception' FILE` (best of --repeat) in the
+   same run. Both paths must give the same analysis (checked).
 
-Run: .venv/bin/python bench/bench_analyzer.py [--size-mb 512] [--repeat 3] [--corpus DIR]
+Run: .venv/bin/python bench/bench_analyzer.py [--size-mb 256] [--repeat 3] [--corpus DIR] [--classes a,b]
 """
 
 from __future__ import annotations
@@ -31,11 +33,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from runner.analyzer import StreamAnalyzer, default_rules, scan  # noqa: E402
+from tests.analyzer_logs import write_log  # noqa: E402
 
 DEFAULT_CORPUS = Path(os.environ.get("K3REPRO_CORPUS", REPO / "tests" / "corpus"))
 
@@ -116,29 +120,43 @@ def build_big_log(logs: dict[str, list[str]], corpus: Path, path: Path, size_mb:
         return out.tell()
 
 
-def child(path: Path, streaming: bool = False) -> dict[str, float]:
-    """Analyze in a fresh process: its wall time and peak RSS are its own."""
-    call = (
-        f"analyze_lines(iter_lines(open({str(path)!r}, 'rb'), max_line_chars=default_rules().line.max_chars))"
-        if streaming
-        else f"analyze_path({str(path)!r})"
-    )
-    code = (
-        "import json, resource, sys, time\n"
-        f"sys.path.insert(0, {str(REPO)!r})\n"
-        "from runner.analyzer import analyze_lines, analyze_path, default_rules\n"
-        "from runner.analyzer.reader import iter_lines\n"
-        "t = time.perf_counter()\n"
-        f"a = {call}\n"
-        "print(json.dumps({'s': time.perf_counter() - t, 'rss_kib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,"
-        " 'lines': a.lines, 'category': a.first_error.category if a.first_error else None}))\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    data: dict[str, float] = json.loads(result.stdout)
+CLASSES = ("noise", "error-dense", "error-at-end", "interleaved", "graphs-nccl")
+
+
+def build(logs: dict[str, list[str]], corpus: Path, path: Path, size_mb: int, kind: str) -> int:
+    if kind in ("noise", "error-dense"):
+        return write_log(path, size_mb << 20, "noise" if kind == "noise" else "dense")
+    return build_big_log(logs, corpus, path, size_mb, kind)
+
+
+_CHILD = """
+import json, resource, sys, time
+sys.path.insert(0, {repo!r})
+from runner.analyzer import analyze_path, analyze_stream
+t = time.perf_counter()
+a = analyze_stream(sys.stdin.buffer) if {pipe!r} else analyze_path({path!r})
+s = time.perf_counter() - t
+print(json.dumps({{"s": s, "rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "lines": a.lines,
+                   "result": [a.to_json(explain=True), a.first_error.context if a.first_error else None]}}))
+"""
+
+
+def child(path: Path, pipe: bool) -> dict[str, Any]:
+    """Analyze in a fresh process, from the file or from `cat FILE |`: its wall time and peak RSS are its own."""
+    code = _CHILD.format(repo=str(REPO), pipe=pipe, path=str(path))
+    if not pipe:
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        data: dict[str, Any] = json.loads(result.stdout)
+        return data
+    with subprocess.Popen(["cat", str(path)], stdout=subprocess.PIPE) as cat:
+        result = subprocess.run(
+            [sys.executable, "-c", code], stdin=cat.stdout, capture_output=True, text=True, check=True
+        )
+    data = json.loads(result.stdout)
     return data
 
 
-def best(runs: list[dict[str, float]]) -> dict[str, float]:
+def best(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return min(runs, key=lambda r: r["s"])
 
 
@@ -151,41 +169,44 @@ def grep_s(grep: str, path: Path, repeat: int) -> float:
     return min(times)
 
 
-def bench_big(logs: dict[str, list[str]], corpus: Path, size_mb: int, repeat: int) -> None:
+def bench_big(logs: dict[str, list[str]], corpus: Path, size_mb: int, repeat: int, classes: list[str]) -> bool:
+    """The table; False when a class is under 100 MiB/s on a path or the two paths disagree."""
     grep = shutil.which("grep")
-    if grep is None:
-        print("no grep: big-file ratios skipped", file=sys.stderr)
-        return
-    for layout in ("error-at-end", "interleaved", "graphs-nccl"):
+    if grep is None or shutil.which("cat") is None:
+        print("no grep or cat: big-file ratios skipped", file=sys.stderr)
+        return True
+    ok = True
+    print(
+        f"{'class':<13} {'MiB':>5} {'lines':>10} | {'file s':>7} {'MiB/s':>6} {'x grep':>6} | "
+        f"{'pipe s':>7} {'MiB/s':>6} {'x grep':>6} | {'grep s':>6} {'MiB/s':>6} | RSS file/pipe MiB | first error"
+    )
+    for kind in classes:
         with tempfile.TemporaryDirectory() as tmp:
-            quarter = Path(tmp) / "quarter.log"
-            full = Path(tmp) / "full.log"
-            build_big_log(logs, corpus, quarter, max(1, size_mb // 4), layout)
-            size = build_big_log(logs, corpus, full, size_mb, layout)
-            small = child(quarter)
-            big = best([child(full) for _ in range(repeat)])
-            reference = grep_s(grep, full, repeat)
-            streamed = child(quarter, streaming=True) if layout == "error-at-end" else None
-        mb = size / (1 << 20)
-        print(f"big file, {layout}: {mb:.0f} MiB, {big['lines']:,.0f} lines, first error category {big['category']}")
-        print(f"  analyze_path      {big['s']:8.2f} s  {mb / big['s']:8.1f} MiB/s")
-        print(f"  grep -c -E        {reference:8.2f} s  {mb / reference:8.1f} MiB/s")
-        print(f"  ratio             {big['s'] / reference:8.1f}x grep's time")
+            path = Path(tmp) / f"{kind}.log"
+            mb = build(logs, corpus, path, size_mb, kind) / (1 << 20)
+            file = best([child(path, pipe=False) for _ in range(repeat)])
+            pipe = best([child(path, pipe=True) for _ in range(repeat)])
+            reference = grep_s(grep, path, repeat)
+        same = file["result"] == pipe["result"] and file["lines"] == pipe["lines"]
+        found = file["result"][0]
+        error = found["first_error"]
+        what = f"line {error['lineno']:,} {found['category']}" if error else "none"
+        ok &= same and min(mb / file["s"], mb / pipe["s"]) >= 100
         print(
-            f"  peak RSS          {small['rss_kib'] / 1024:8.1f} MiB at {mb / 4:.0f} MiB input, "
-            f"{big['rss_kib'] / 1024:.1f} MiB at {mb:.0f} MiB input"
+            f"{kind:<13} {mb:5.0f} {file['lines']:10,} | {file['s']:7.2f} {mb / file['s']:6.0f} "
+            f"{file['s'] / reference:6.1f} | {pipe['s']:7.2f} {mb / pipe['s']:6.0f} {pipe['s'] / reference:6.1f} | "
+            f"{reference:6.2f} {mb / reference:6.0f} | {file['rss_kib'] / 1024:5.0f} / {pipe['rss_kib'] / 1024:5.0f}"
+            f"       | {what}{'' if same else '  PIPE DIFFERS'}"
         )
-        if streamed is not None:
-            print(
-                f"  streaming (pipe)  {streamed['s']:8.2f} s  {mb / 4 / streamed['s']:8.1f} MiB/s at {mb / 4:.0f} MiB"
-            )
+    return ok
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
     parser.add_argument("--rounds", type=int, default=5, help="passes over the corpus")
-    parser.add_argument("--size-mb", type=int, default=512, help="size of the built big logs (0 skips them)")
+    parser.add_argument("--size-mb", type=int, default=256, help="size of the built big logs (0 skips them)")
+    parser.add_argument("--classes", default=",".join(CLASSES), help=f"log classes, of {', '.join(CLASSES)}")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each timed command; the best counts")
     args = parser.parse_args()
     logs = corpus_logs(args.corpus)
@@ -196,11 +217,14 @@ def main() -> int:
     fast = scan.usable(io.BytesIO(), default_rules())
     print(f"whole-file analysis: {'Hyperscan scan' if fast else 'no Hyperscan, every line is read'}")
     bench_corpus(logs, args.rounds)
+    ok = True
     if args.size_mb:
-        bench_big(logs, args.corpus, args.size_mb, args.repeat)
+        ok = bench_big(logs, args.corpus, args.size_mb, args.repeat, args.classes.split(","))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"bench process peak RSS {peak:.0f} MiB")
-    return 0
+    if not ok:
+        print("FAIL: a class under 100 MiB/s on a path, or the pipe's analysis differs from the file's")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

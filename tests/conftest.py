@@ -62,6 +62,7 @@ TIERS: dict[str, str] = {
     "test_analyzer_excerpts": "unit",
     "test_analyzer_fuzz": "unit",
     "test_analyzer_inference": "unit",
+    "test_analyzer_progress": "unit",
     "test_analyzer_properties": "unit",
     "test_analyzer_redos": "unit",
     "test_analyzer_rules": "unit",

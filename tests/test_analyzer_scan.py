@@ -4,9 +4,11 @@ built to test the needles' completeness (every rule example, every shape of trac
 
 from __future__ import annotations
 
+import gzip
 import io
 import random
 import re
+from typing import Any
 
 import pytest
 
@@ -14,9 +16,10 @@ pytest.importorskip("hyperscan")
 
 from runner.analyzer import Analysis, StreamAnalyzer, analyze_lines, analyze_path, analyze_stream
 from runner.analyzer import scan as scan_module
-from runner.analyzer.needles import needles
-from runner.analyzer.reader import iter_lines
+from runner.analyzer.needles import needles, superset_expression
+from runner.analyzer.reader import InputError, iter_lines
 from runner.analyzer.rules import default_rules
+from tests.analyzer_logs import FIRST_ERROR, dense_lines
 from tests.test_analyzer_fuzz import PIECES
 from tests.test_analyzer_support import CORPUS, corpus_labels, traceback
 
@@ -229,3 +232,211 @@ def test_only_a_frame_line_opens_a_traceback() -> None:
     assert streamed(b"    x = f(y)\nStopIteration\n").first_error is None
     found = streamed(b'  File "x.py", line 1, in load_model\nStopIteration\n').first_error
     assert found is not None and found.line == "StopIteration"
+
+
+def _count_feeds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The lines the analyzer is fed from now on."""
+    fed: list[str] = []
+    original = StreamAnalyzer.feed
+
+    def feed(self: StreamAnalyzer, line: str, at: float | None = None) -> list[Any]:
+        fed.append(line)
+        return original(self, line, at)
+
+    monkeypatch.setattr(StreamAnalyzer, "feed", feed)
+    return fed
+
+
+# -- error-dense logs: a logged error line is held, later ones are jumped over (scan._Plan) ------------------------
+
+HEADERS = [
+    "ERROR 03-01 12:00:00 [core.py:700] EngineCore failed",
+    "ERROR:    something failed in the app",
+    "ERROR 03-01 12:00:00 [worker.py:12] failed in load_model",  # names a frame: read even while holding
+    "CRITICAL 03-01 12:00:00 [watchdog.py:20] the watchdog fired",
+]
+
+
+def _dense_log(rng: random.Random, logs: list[list[str]]) -> bytes:
+    """Error-dense noise with what can still beat a held error line: a logged error line heading a traceback (at
+    once or after other processes' lines), bare tracebacks, exception-shaped lines (also at INFO level and
+    coloured), corpus logs."""
+    out = [FIRST_ERROR] if rng.random() < 0.8 else []
+    procs = ["", "(Worker_TP1 pid=2) ", "(EngineCore_DP0 pid=3) "]
+    for _ in range(rng.randint(1, 10)):
+        out += dense_lines(rng, rng.randint(0, 300))
+        kind = rng.random()
+        proc = rng.choice(procs)
+        if kind < 0.35:
+            out.append(proc + rng.choice(HEADERS))
+            out += [rng.choice(procs[1:]) + line for line in dense_lines(rng, rng.choice([0, 0, 1, 3]))]
+            out += traceback(proc, ["load_model", "execute_model"], rng.choice(["KeyError: 'w'", "ValueError: x"]))
+        elif kind < 0.5:
+            out += traceback(proc, ["capture_model"], "RuntimeError: boom")
+        elif kind < 0.7:
+            out.append(
+                rng.choice(
+                    [
+                        f"{proc}INFO 03-01 12:00:00 [retry.py:77] retry after ConnectionResetError: peer closed",
+                        f"{proc}ValueError: bad input",
+                        f"{proc}\x1b[31mValue\x1b[0mError: coloured",
+                        f"{proc}ERROR 03-01 12:00:00 [x.py:1] TimeoutError: upstream",
+                    ]
+                )
+            )
+        elif logs:
+            out += rng.choice(logs)
+    return ("\n".join(out) + "\n").encode()
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_error_dense_logs_scanned_equal_streamed(seed: int) -> None:
+    rng = random.Random(seed)
+    data = _dense_log(rng, _corpus_lines() if seed % 4 == 0 else [])
+    assert scanned(data) == streamed(data)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_error_dense_logs_in_small_buffers(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """A traceback's header in an earlier buffer, or before a line that was read: the scan starts again."""
+    monkeypatch.setattr(scan_module, "CHUNK_BYTES", 1)
+    data = _dense_log(random.Random(seed), [])
+    assert scanned(data) == streamed(data)
+
+
+def test_a_held_error_line_is_beaten_by_a_later_headed_traceback() -> None:
+    """The early ERROR line is held; the later one heads a traceback (other processes' lines between): the
+    later one is the first error, read although lines at an error level are jumped over while holding."""
+    rng = random.Random(7)
+    lines = [
+        FIRST_ERROR,
+        *dense_lines(rng, 3000),
+        "(Worker_TP1 pid=2) ERROR:    loading 'model.layers.0.weight_scale_inv' failed",
+        "(Worker_TP0 pid=1) INFO 03-01 12:00:00 [x.py:1] hello",
+        *traceback("(Worker_TP1 pid=2) ", ["load_model"], "KeyError: 'model.layers.0.weight_scale_inv'"),
+        *dense_lines(rng, 100),
+    ]
+    data = "\n".join(lines).encode()
+    result = scanned(data)
+    assert result == streamed(data)
+    assert result.first_error is not None and result.first_error.line_no == 3002
+
+
+def test_a_header_jumped_over_before_a_line_that_was_read_starts_the_scan_again() -> None:
+    """The header was jumped over while holding; an exception of another process was read after it, then the
+    header's traceback starts: the scan cannot read the header in its place, so it analyzes again."""
+    rng = random.Random(8)
+    lines = [
+        FIRST_ERROR,
+        *dense_lines(rng, 2000),
+        "(Worker_TP1 pid=2) ERROR:    loading 'model.layers.0.weight_scale_inv' failed",
+        "(Worker_TP0 pid=1) ValueError: something else, in another process",
+        *traceback("(Worker_TP1 pid=2) ", ["load_model"], "KeyError: 'model.layers.0.weight_scale_inv'"),
+        *dense_lines(rng, 100),
+    ]
+    data = "\n".join(lines).encode()
+    result = scanned(data)
+    assert result == streamed(data)
+    assert result.first_error is not None and result.first_error.line_no == 2002
+
+
+def test_error_dense_noise_reads_few_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A third of the lines have error words, none a vLLM error: with an error line held, few are read."""
+    fed = _count_feeds(monkeypatch)
+    data = ("\n".join([FIRST_ERROR, *dense_lines(random.Random(3), 20_000)]) + "\n").encode()
+    result = scanned(data)
+    assert len(fed) < 0.01 * result.lines
+    assert result == streamed(data)
+    assert result.first_error is not None and result.first_error.line == FIRST_ERROR
+
+
+def test_the_exception_shape_is_searched_by_its_pattern() -> None:
+    """Before the first error, `Error`/`Exception` alone do not stop the scan: only lines the exception-shape
+    pattern may match (a superset of where it matches), whatever rules.toml holds."""
+    plan = scan_module._plan(RULES)
+    assert plan is not None
+    shape = RULES.traceback.standalone
+    generic = needles(shape)
+    assert generic and not generic & plan.errors
+    dbs = scan_module._database(frozenset(), plan.shaped)
+    finder = scan_module._Finder()
+    for text in [*TEXT_PIECES, *NOISE, *dense_lines(random.Random(5), 300), "ÄValueError: x", "a.b.KeyError(x): y"]:
+        buf = bytearray(text.encode() + b"\n")
+        finder.reset()
+        found = finder.find(dbs, buf, 0, len(buf)) >= 0
+        assert found or not shape.search(text), text
+
+
+@pytest.mark.parametrize(
+    ("pattern", "matches", "misses"),
+    [
+        (r"(?>\w*?Error)\w*+:\s", ["KeyError: x", "ÄError: x"], ["Error x"]),
+        (r"^CUDA error: (?:out|illegal)", ["x CUDA error: out"], ["CUDA error:  out"]),
+        (r"[^\d\s]{3}\d", ["abc1", "äöü1"], ["ab 1"]),
+        (r"a(?=b)", ["ab"], ["xy"]),
+    ],
+)
+def test_superset_expression_matches_wherever_the_pattern_does(
+    pattern: str, matches: list[str], misses: list[str]
+) -> None:
+    expression = superset_expression(re.compile(pattern))
+    assert expression is not None
+    dbs = scan_module._database(frozenset(), (expression,))
+    finder = scan_module._Finder()
+    for text in matches + misses:
+        buf = bytearray(text.encode() + b"\n")
+        finder.reset()
+        assert (finder.find(dbs, buf, 0, len(buf)) >= 0) == (text in matches), text
+
+
+@pytest.mark.parametrize("pattern", [r"(?i)error", r"(a)?(?(1)b|c)", r"x*"])
+def test_superset_expression_refuses_what_it_cannot_widen(pattern: str) -> None:
+    assert superset_expression(re.compile(pattern)) is None
+
+
+# -- the pipe path: spooled, then scanned like a file -----------------------------------------------------------
+
+
+class _Pipe(io.RawIOBase):
+    """A stream that cannot seek, read in small pieces: what standard input is."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = io.BytesIO(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        piece = self._data.read(min(len(buffer), 4096))
+        buffer[: len(piece)] = piece
+        return len(piece)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_pipe_path_equals_streaming(seed: int) -> None:
+    rng = random.Random(seed)
+    data = _dense_log(rng, _corpus_lines()) if seed % 2 else _mixed_log(rng, _corpus_lines())
+    pipe = io.BufferedReader(_Pipe(data))
+    assert not pipe.seekable()
+    read: list[int] = []
+    assert analyze_stream(pipe, progress=lambda done, total: read.append(done)) == streamed(data)
+    assert read and read[-1] == len(data)
+
+
+def test_the_pipe_path_scans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pipe takes the scan (few lines read), not the line-by-line path."""
+    fed = _count_feeds(monkeypatch)
+    data = ("\n".join([FIRST_ERROR, *dense_lines(random.Random(4), 5000)]) + "\n").encode()
+    result = analyze_stream(io.BufferedReader(_Pipe(data)))
+    assert result.lines == 5001 and len(fed) < 0.05 * result.lines
+
+
+def test_a_gzip_on_a_pipe_equals_streaming() -> None:
+    data = _dense_log(random.Random(11), _corpus_lines())
+    assert analyze_stream(io.BufferedReader(_Pipe(gzip.compress(data)))) == streamed(data)
+
+
+def test_a_pipe_past_the_limit_is_refused() -> None:
+    data = ("\n".join(dense_lines(random.Random(1), 2000)) + "\n").encode()
+    with pytest.raises(InputError, match="larger than"):
+        analyze_stream(io.BufferedReader(_Pipe(data)), max_bytes=len(data) // 2)

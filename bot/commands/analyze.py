@@ -7,6 +7,7 @@ import json
 import sys
 
 from runner.analyzer import InputError, analyze_path, analyze_stream
+from runner.analyzer.progress import ProgressLine
 
 # Larger inputs are refused: a start-up log is megabytes, a long-running server's a few hundred; past
 # this it is almost certainly the wrong file (the analysis itself streams, with flat memory).
@@ -33,10 +34,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        if args.path == "-":
-            analysis = analyze_stream(sys.stdin.buffer, "standard input", max_bytes=MAX_BYTES)
-        else:
-            analysis = analyze_path(args.path, max_bytes=MAX_BYTES)
+        with ProgressLine(f"k3repro analyze {args.path}", sys.stderr) as progress:
+            if args.path == "-":
+                analysis = analyze_stream(sys.stdin.buffer, "standard input", max_bytes=MAX_BYTES, progress=progress)
+            else:
+                analysis = analyze_path(args.path, max_bytes=MAX_BYTES, progress=progress)
     except InputError as exc:
         print(f"k3repro analyze: {exc}", file=sys.stderr)
         return 2

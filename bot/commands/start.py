@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from bot.store import RunNotFound, Store
 from protos import runner_pb2 as pb
 from runner.analyzer import InputError, analyze_path
 from runner.analyzer.messages import first_error_message
+from runner.analyzer.progress import ProgressLine
 
 # The terminal's help for each of Slack's `start` options (bot/slack/commands.py names them; a test keeps both)
 START_OPTIONS: dict[str, dict[str, str]] = {
@@ -138,7 +140,8 @@ async def _ended(core: Coordinator, run_id: str, printer: EventPrinter) -> pb.Ru
 def _deployment_error(path: str) -> pb.FirstError:
     """The first error of the deployment's log, or a one-line refusal (nothing is started)."""
     try:
-        analysis = analyze_path(path, max_bytes=MAX_BYTES)
+        with ProgressLine(f"reading {path}", sys.stderr) as progress:
+            analysis = analyze_path(path, max_bytes=MAX_BYTES, progress=progress)
     except InputError as exc:
         raise CommandError(str(exc)) from None
     except OSError as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Iterable
+from functools import lru_cache
 from typing import Any
 
 # The regex engine's own parser (Python >= 3.11; not in typeshed): the needles follow its exact syntax.
@@ -23,7 +24,13 @@ _Needles = frozenset[str]
 
 def needles(pattern: re.Pattern[str]) -> _Needles | None:
     """Needles of a compiled pattern, or None when some match may contain no literal of MIN_NEEDLE chars."""
-    return _sequence(_p.parse(pattern.pattern, pattern.flags), pattern.flags)
+    return _needles(pattern.pattern, pattern.flags)
+
+
+@lru_cache(maxsize=1024)
+def _needles(pattern: str, flags: int) -> _Needles | None:
+    """Kept per pattern: the rules and the scan ask for the same patterns' needles (parsing them is slow)."""
+    return _sequence(_p.parse(pattern, flags), flags)
 
 
 def needles_of(patterns: Iterable[re.Pattern[str]]) -> _Needles | None:
@@ -90,3 +97,117 @@ def _lead(items: Any, flags: int) -> str:
             break
         lead.append(chr(av))
     return "".join(lead)
+
+
+def superset_expression(pattern: re.Pattern[str]) -> bytes | None:
+    """A Hyperscan expression over a raw UTF-8 line that matches wherever the pattern could match the line's
+    text (anchors, lookarounds and atomicity dropped; a non-ASCII character as one or more bytes >= 0x80), or
+    None for what it cannot widen (case-insensitivity, conditionals, an expression that matches nothing or
+    every line). Where generic needles (`Error`, `Exception`) match too many lines of a noisy log, the pattern
+    itself is searched: the scan then stops only on lines the pattern may really match."""
+    if pattern.flags & re.IGNORECASE:
+        return None
+    try:
+        out = _widen(_p.parse(pattern.pattern, pattern.flags), pattern.flags)
+    except _Unsupported:
+        return None
+    if out is None or re.fullmatch(out.decode("latin-1"), "") is not None:
+        return None
+    return out
+
+
+class _Unsupported(Exception):
+    pass
+
+
+_NON_ASCII = b"[\\x80-\\xff]+"  # one character of UTF-8 (or a replacement for invalid bytes): 1 to 4 bytes
+_CATEGORIES = {
+    _c.CATEGORY_DIGIT: r"\d",
+    _c.CATEGORY_NOT_DIGIT: r"\D",
+    _c.CATEGORY_SPACE: r"\s",
+    _c.CATEGORY_NOT_SPACE: r"\S",
+    _c.CATEGORY_WORD: r"\w",
+    _c.CATEGORY_NOT_WORD: r"\W",
+}
+
+
+_Char = tuple[set[int], bool]  # one character: its ASCII members (never LF), whether non-ASCII ones match
+
+
+def _render(char: _Char, repeat: bytes = b"") -> bytes:
+    """One character, or a repeat of it: a non-ASCII character is one or more bytes >= 0x80, so a repeat
+    takes them into its class (`[ab\x80-\xff]{1,}`) and the expression stays simple to compile."""
+    members, non_ascii = char
+    members = members - {0x0A}  # a match stays in its line
+    if not members and not non_ascii:
+        raise _Unsupported
+    ascii_part = b"".join(b"\\x%02x" % c for c in sorted(members))
+    if repeat:
+        low = repeat[1 : repeat.index(b",")]
+        bound = b"{%s,}" % low if non_ascii else repeat
+        return b"[" + ascii_part + (b"\\x80-\\xff" if non_ascii else b"") + b"]" + bound
+    if not non_ascii:
+        return b"[" + ascii_part + b"]"
+    return b"(?:[" + ascii_part + b"]|" + _NON_ASCII + b")" if members else _NON_ASCII
+
+
+def _single(op: Any, av: Any, flags: int) -> _Char | None:
+    """The node as one character, or None when it is not one."""
+    if op is _c.LITERAL:
+        return ({av}, False) if av < 128 else (set(), True)
+    if op is _c.NOT_LITERAL:
+        return set(range(128)) - {av}, True
+    if op is _c.ANY:
+        return set(range(128)), True
+    if op is _c.IN:
+        return _class(av, flags)
+    return None
+
+
+def _class(items: Any, flags: int) -> _Char:
+    negate = any(op is _c.NEGATE for op, _ in items)
+    members: set[int] = set()
+    non_ascii = negate
+    for op, av in items:
+        if op is _c.LITERAL:
+            members |= {av} if av < 128 else set()
+            non_ascii |= av >= 128
+        elif op is _c.RANGE:
+            members |= set(range(av[0], min(av[1], 127) + 1))
+            non_ascii |= av[1] >= 128
+        elif op is _c.CATEGORY:
+            category = re.compile(_CATEGORIES[av], flags & re.ASCII)
+            members |= {c for c in range(128) if category.match(chr(c))}
+            non_ascii |= not flags & re.ASCII or av in (_c.CATEGORY_NOT_DIGIT, _c.CATEGORY_NOT_SPACE)
+        elif op is not _c.NEGATE:
+            raise _Unsupported
+    if negate:
+        members = set(range(128)) - members
+    return members, non_ascii
+
+
+def _widen(items: Any, flags: int) -> bytes:
+    out = []
+    for op, av in items:
+        char = _single(op, av, flags)
+        if char is not None:
+            out.append(_render(char))
+        elif op in (_c.MAX_REPEAT, _c.MIN_REPEAT, _c.POSSESSIVE_REPEAT):
+            low, high, sub = av
+            bound = b"{%d,}" % low if high is _c.MAXREPEAT else b"{%d,%d}" % (low, high)
+            inner = _single(sub[0][0], sub[0][1], flags) if len(sub) == 1 else None
+            out.append(_render(inner, bound) if inner is not None else b"(?:" + _widen(sub, flags) + b")" + bound)
+        elif op is _c.SUBPATTERN:
+            _group, add, remove, sub = av
+            if add & re.IGNORECASE:
+                raise _Unsupported
+            out.append(b"(?:" + _widen(sub, (flags | add) & ~remove) + b")")
+        elif op is _c.ATOMIC_GROUP:
+            out.append(b"(?:" + _widen(av, flags) + b")")
+        elif op is _c.BRANCH:
+            out.append(b"(?:" + b"|".join(_widen(branch, flags) for branch in av[1]) + b")")
+        elif op is _c.GROUPREF:
+            out.append(b"[^\\n]*")
+        elif op not in (_c.AT, _c.ASSERT, _c.ASSERT_NOT):
+            raise _Unsupported  # a conditional group or an engine-specific construct
+    return b"".join(out)

@@ -13,13 +13,16 @@ Hyperscan is optional (x86-64 wheels): without it, analyze_stream reads every li
 
 from __future__ import annotations
 
+import bisect
 import io
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import BinaryIO, cast
 
 from runner.analyzer.lines import LineParser, LogLine
+from runner.analyzer.needles import needles, needles_of, superset_expression
 from runner.analyzer.rules import LineSyntax, Rules
 from runner.analyzer.stream import CONTEXT_BEFORE, ErrorFinding, StreamAnalyzer, Watch
 
@@ -37,51 +40,168 @@ _MAX_WINDOW_BYTES = 1 << 20
 _RECENT_FED = 4096
 # How far before the first error its context (the lines of its stream before it) is looked for.
 _CONTEXT_WINDOW = 1 << 20
+# A pattern whose shortest needle is shorter is searched by its own pattern (needles.superset_expression): such
+# needles (`Error`, `Error: `) are on every third line of a noisy log, the patterns' other parts are not.
+_GENERIC_NEEDLE = 8
+_NONE, _EARLIER = -1, -2  # _header: no line to read first; the traceback's process has no line earlier in the buffer
 
 
 def usable(stream: BinaryIO, rules: Rules) -> bool:
     """Whether analyze_file can read this stream: Hyperscan is installed, the rules have needles and the
-    stream can seek (a file, not a pipe)."""
-    return _HYPERSCAN and rules.scan is not None and stream.seekable() and hasattr(stream, "readinto")
+    stream can seek (a file; a pipe is spooled to one first, see whole_log)."""
+    return available(rules) and stream.seekable() and hasattr(stream, "readinto")
+
+
+def available(rules: Rules) -> bool:
+    """Whether whole-file analysis can run at all: Hyperscan is installed and the rules have needles."""
+    return _HYPERSCAN and rules.scan is not None
+
+
+class _Restart(Exception):
+    """A traceback whose header may be a line jumped over before lines that were read: analyze again without
+    jumping over lines at an error level (rare: the header is almost always the line before)."""
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the scan searches for before the first error, derived from the rules: a pattern with generic
+    needles (the exception-shaped line's `Error`, `Exception`, which a noisy log has on every third line) by
+    its own pattern; while a logged error line is held, lines at an error level only where they name a frame
+    (a later one matters only as the header of a traceback: see _header)."""
+
+    errors: frozenset[str]  # needles of the other patterns, error levels
+    held: frozenset[str] | None  # needles of the other patterns, frame hints (None: the hints have no needles)
+    shaped: tuple[bytes, ...]  # Hyperscan expressions of the patterns with generic needles
+
+
+_PLANS: dict[int, tuple[Rules, _Plan | None]] = {}
+
+
+def _plan(rules: Rules) -> _Plan | None:
+    cached = _PLANS.get(id(rules))
+    if cached is None or cached[0] is not rules:
+        cached = _PLANS[id(rules)] = (rules, _derive(rules))
+    return cached[1]
+
+
+def _derive(rules: Rules) -> _Plan | None:
+    tb = rules.traceback
+    literals: set[str] = set()
+    expressions: list[bytes] = []
+    for pattern in (tb.standalone, tb.start, tb.frame, *(r.pattern for r in rules.rules)):
+        found = needles(pattern)
+        if found is None:
+            return None
+        shape = superset_expression(pattern) if min(map(len, found)) < _GENERIC_NEEDLE else None
+        if shape is None:
+            literals |= found
+            continue
+        # Searched by its own pattern; ANSI colour inside a word hides it from the pattern, so a coloured
+        # line with one of its needles is still read.
+        expressions.append(shape)
+        any_needle = b"(?:%s)" % b"|".join(_literal(n) for n in sorted(found))
+        expressions.append(b"\\x1b[^\\n]*%s|%s[^\\n]*\\x1b" % (any_needle, any_needle))
+    frames = needles_of([rules.frame_gate, rules.context_frame_gate])
+    held = None if frames is None else frozenset(literals | frames)
+    return _Plan(frozenset(literals | rules.line.error_levels), held, tuple(expressions))
+
+
+def _literal(needle: str) -> bytes:
+    return b"".join(b"\\x%02x" % c for c in needle.encode())
 
 
 class _Finder:
-    """The first line with a needle, by Hyperscan."""
+    """The first line with a needle, by Hyperscan. A database's matches in a stretch of the buffer are
+    collected in one scan and kept: on an error-dense log the next line to read is often a few lines on, and
+    a scan per line would cost more than the lines."""
 
     def __init__(self) -> None:
-        self._hit = -1
+        self.literal = False  # whether the line find returned last has a needle (not only an expression's match)
+        # id(database) -> (lo, hi, ends, literal ends): database scanned buf[lo:hi], where its matches there end
+        # (one past their last byte) and where those of its needles do
+        self._known: dict[int, tuple[int, int, list[int], list[int]]] = {}
+        self._ends: list[int] = []  # where the scan under way collects
+        self._literal_ends: list[int] = []
+        self._literals = 0  # ids below this are needles
+        self._base = 0  # the buffer index the scanned view starts at
+        self._was_literal = False
 
-    def _stop(self, _id: int, _from: int, to: int, _flags: int, _context: object) -> bool:
-        self._hit = to
-        return True  # the first match is all we need: Hyperscan stops here
+    def reset(self) -> None:
+        """A new buffer: nothing is known of it."""
+        self._known.clear()
 
-    def find(self, literals: frozenset[str], buf: bytearray, start: int, end: int) -> int:
-        """Index of the last byte of the first needle in buf[start:end] (whole lines), or -1."""
-        db = _database(literals)
-        view = memoryview(buf)
+    def _collect(self, id_: int, _from: int, to: int, _flags: int, _context: object) -> None:
+        self._ends.append(self._base + to)
+        if id_ < self._literals:
+            self._literal_ends.append(self._base + to)
+
+    def find(self, searches: tuple[_Search, ...], buf: bytearray, start: int, end: int) -> int:
+        """Index of the last byte of the first match in buf[start:end] (whole lines), or -1."""
         window = _WINDOW_BYTES
         while start < end:
-            # In windows of whole lines, growing: a scan costs as much as the buffer it is given, even
-            # when it stops at the first match.
+            # In windows of whole lines, growing; the databases go window by window together, so that
+            # none scans far past another's match.
             stop = buf.rfind(b"\n", start, min(end, start + window)) + 1 or buf.index(b"\n", start) + 1
-            self._hit = -1
-            try:
-                db.scan(cast(bytes, view[start:stop]), match_event_handler=self._stop)
-            except hyperscan.ScanTerminated:
-                return start + self._hit - 1
+            first = line = -1
+            for search in searches:
+                hit = self._first(search, buf, start, stop)
+                if hit < 0:
+                    continue
+                if first < 0 or hit < line:
+                    first, line, self.literal = hit, buf.rfind(b"\n", start, hit) + 1, self._was_literal
+                    stop = buf.index(b"\n", hit) + 1  # the next database looks only up to this match's line
+                else:
+                    self.literal |= self._was_literal  # another database's match in the same line
+            if first >= 0:
+                return first
             start = stop
             window = min(2 * window, _MAX_WINDOW_BYTES)
         return -1
 
+    def _first(self, search: _Search, buf: bytearray, start: int, stop: int) -> int:
+        """The first match of a database in buf[start:stop] (its last byte), or -1; _was_literal: whether a
+        needle matched in that line. What is scanned is kept, and a scan runs ahead as far as the stretch
+        already scanned is long: a few large scans, not one per line read."""
+        db, literals = search
+        lo, hi, ends, literal_ends = self._known.get(id(db), (-1, -1, [], []))
+        if lo < 0 or lo > start or start > hi:
+            lo, hi, ends, literal_ends = start, start, [], []
+            self._known[id(db)] = (lo, hi, ends, literal_ends)
+        if hi < stop:
+            ahead = max(stop, buf.rfind(b"\n", hi, hi + min(hi - lo, _MAX_WINDOW_BYTES)) + 1)
+            self._ends, self._literal_ends, self._literals, self._base = ends, literal_ends, literals, hi
+            count = len(ends)
+            db.scan(cast(bytes, memoryview(buf)[hi:ahead]), match_event_handler=self._collect)
+            ends[count:] = sorted(ends[count:])  # each past the ones before; in order as Hyperscan reports them
+            literal_ends.sort()
+            self._known[id(db)] = (lo, ahead, ends, literal_ends)
+        i = bisect.bisect_left(ends, start + 1)
+        if i == len(ends) or ends[i] > stop:
+            return -1
+        hit = ends[i] - 1
+        j = bisect.bisect_left(literal_ends, start + 1)
+        self._was_literal = j < len(literal_ends) and literal_ends[j] <= buf.index(b"\n", hit) + 1
+        return hit
+
+
+_Search = tuple["hyperscan.Database", int]  # the database, and how many of its patterns (the first) are needles
+
 
 @lru_cache(maxsize=64)
-def _database(literals: frozenset[str]) -> hyperscan.Database:
-    """One compiled database per needle set (a handful per log, a few ms each), kept for the process."""
+def _database(literals: frozenset[str], expressions: tuple[bytes, ...] = ()) -> tuple[_Search, ...]:
+    """The databases of a search: its needles, and apart its expressions (which change less often: together
+    they compile several times slower, once per watch the analyzer has)."""
     # A needle that contains another is redundant; fewer needles scan faster.
-    kept = [n for n in literals if not any(m != n and m in n for m in literals)]
-    expressions = [b"".join(b"\\x%02x" % c for c in n.encode()) for n in kept]
+    by_length = sorted(literals, key=len)
+    kept = tuple(_literal(n) for i, n in enumerate(by_length) if not any(m in n for m in by_length[:i]))
+    return tuple((_compiled(part), len(kept) if part is kept else 0) for part in (kept, expressions) if part)
+
+
+@lru_cache(maxsize=64)
+def _compiled(patterns: tuple[bytes, ...]) -> hyperscan.Database:
+    """One compiled database per set of patterns, kept for the process."""
     db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-    db.compile(expressions=expressions, ids=list(range(len(expressions))), flags=[0] * len(expressions))
+    db.compile(expressions=list(patterns), ids=list(range(len(patterns))), flags=[0] * len(patterns))
     return db
 
 
@@ -119,41 +239,114 @@ def _blocks(stream: BinaryIO, long_line: int, size: int = CHUNK_BYTES) -> Iterat
             filled -= end
 
 
-def analyze_file(stream: BinaryIO, rules: Rules) -> tuple[StreamAnalyzer, tuple[str, ...] | None]:
+Progress = Callable[[int, "int | None"], None]  # (bytes done, bytes in all or None when not known yet)
+
+
+def analyze_file(
+    stream: BinaryIO, rules: Rules, *, progress: Progress | None = None, hold: bool = True
+) -> tuple[StreamAnalyzer, tuple[str, ...] | None]:
     """Analyze a seekable log from its current position: the closed analyzer, and the first error's
-    context when it differs from what the analyzer saw (see _context)."""
+    context when it differs from what the analyzer saw (see _context). `hold`: jump over lines at an error
+    level while a logged error line is held (see _Plan); off, every line at an error level is read."""
     assert rules.scan is not None
     start = stream.tell()
+    try:
+        return _analyze(stream, start, rules, progress, hold)
+    except _Restart:
+        stream.seek(start)
+        return _analyze(stream, start, rules, progress, False)
+
+
+def _analyze(
+    stream: BinaryIO, start: int, rules: Rules, progress: Progress | None, hold: bool
+) -> tuple[StreamAnalyzer, tuple[str, ...] | None]:
     size = stream.seek(0, io.SEEK_END) - start
     stream.seek(start)
     analyzer = StreamAnalyzer(rules)
+    plan = _plan(rules)
+    errors = rules.scan.errors if rules.scan is not None else frozenset[str]()
     finder = _Finder()
     max_chars = rules.line.max_chars
     long_line = 4 * max_chars + 4  # a decoded character takes at most 4 bytes
     fed: deque[tuple[int, int]] = deque(maxlen=_RECENT_FED)
     first_skipped = 0  # number of the first line jumped over (0: none yet)
+    held_from = -1  # offset of the first line jumped over while a logged error line was held (-1: none)
     parser = LineParser(rules.line)
+    searches: dict[tuple[int, bool], tuple[_Search, ...]] = {}
+    held = plan.held if plan is not None else None
+    starts = [n.encode() for n in needles(rules.traceback.start) or ()]  # of a line that starts a traceback
+
+    def search(watch: Watch, holding: bool) -> tuple[_Search, ...]:
+        """The database for a watch (the analyzer keeps each Watch, so its id stays its own)."""
+        db = searches.get((id(watch), holding))
+        if db is None:
+            literals, expressions = watch.any_line | watch.error_line, tuple[bytes, ...]()
+            if plan is not None and watch.error_line is errors:
+                chosen = held if holding and held is not None else plan.errors
+                literals, expressions = watch.any_line | chosen, plan.shaped
+            db = searches[(id(watch), holding)] = _database(literals, expressions)
+        return db
+
     for buf, end, offset in _blocks(stream, long_line, size):
+        finder.reset()
         pos = 0
+        fed_here: set[int] = set()  # where the lines read from this buffer start
+        watch: Watch | None = None
+        watched = False  # whether the line at pos was looked at by _header already
+        fresh = False  # whether watch is still the analyzer's (nothing read since, before the first error)
         while pos < end:
-            watch = analyzer.watch()
+            if not fresh:
+                watch = analyzer.watch()
+            fresh = False
             if watch is not None:
+                holding = hold and held is not None and watch.error_line is errors and analyzer.holds_logged_error
                 # Jump to the next line with a needle; over it too when it cannot count after all.
-                hit = -1 if watch.final else finder.find(watch.any_line | watch.error_line, buf, pos, end)
+                hit = -1 if watch.final else finder.find(search(watch, holding), buf, pos, end)
                 line_start = end if hit < 0 else buf.rfind(b"\n", pos, hit) + 1 or pos
-                read = hit >= 0 and _counts(buf, line_start, buf.index(b"\n", hit), watch, finder, parser, rules.line)
+                # A line only an expression found has none of the needles (the first database, which has
+                # them, found nothing up to its end): no needle that counts in any line.
+                any_line = bool(watch.any_line) and finder.literal
+                read = hit >= 0 and _counts(
+                    buf, line_start, buf.index(b"\n", hit), watch, any_line, finder, parser, rules.line
+                )
                 target = line_start if read or hit < 0 else buf.index(b"\n", hit) + 1
+                if read and (holding or held_from >= 0) and analyzer.first_error is None:
+                    header = _header(buf, pos, line_start, fed_here, parser, rules)
+                    if header == _EARLIER and 0 <= held_from < offset:
+                        raise _Restart  # its header may be a line jumped over in an earlier buffer
+                    target = header if header >= 0 else target
+                    watched = target == line_start
                 skipped = buf.count(b"\n", pos, target)
                 if skipped and not first_skipped:
                     first_skipped = analyzer.lines + 1
+                if skipped and holding and held_from < 0:
+                    held_from = offset + pos
                 analyzer.skip(skipped)
                 pos = target
                 if not read:
+                    # Only lines counted: the watch is the same (after the first error, how many lines
+                    # followed it decides whether wrappers are still listed).
+                    fresh = analyzer.first_error is None
                     continue
             newline = buf.index(b"\n", pos)
+            # Lines at an error level were jumped over before: one of them may head a traceback that starts
+            # here, where every line is read (a traceback or a message is open).
+            if (
+                held_from >= 0
+                and not watched
+                and analyzer.first_error is None
+                and any(buf.find(n, pos, newline) >= 0 for n in starts)
+                and _header(buf, pos, pos, fed_here, parser, rules) == _EARLIER
+                and held_from < offset
+            ):
+                raise _Restart
+            watched = False
             analyzer.feed(_decode(buf, pos, newline, long_line, max_chars), 0.0)
             fed.append((analyzer.lines, offset + pos))
+            fed_here.add(pos)
             pos = newline + 1
+        if progress is not None:
+            progress(min(offset + end, size), size)  # a last line without LF got one
     analyzer.close()
     error = analyzer.first_error
     if error is None or not first_skipped or first_skipped > error.line_no:
@@ -164,17 +357,50 @@ def analyze_file(stream: BinaryIO, rules: Rules) -> tuple[StreamAnalyzer, tuple[
     return analyzer, _context(stream, start + at, analyzer, error, long_line)
 
 
+def _header(buf: bytearray, pos: int, at: int, fed_here: set[int], parser: LineParser, rules: Rules) -> int:
+    """Where the line that heads the traceback starting at buf[at] begins, when it was jumped over and must be
+    read first; _NONE when none needs reading; _EARLIER when its process has no line earlier in the buffer
+    (the caller judges the buffers before). _Restart when it was jumped over before lines that were read.
+
+    While a logged error line is held, lines at an error level are jumped over: one matters only when the next
+    line of its process starts a traceback in its stream (it then heads that traceback)."""
+    syntax = rules.line
+    long_line = 4 * syntax.max_chars + 4
+    this = parser.parse(_decode(buf, at, buf.index(b"\n", at), long_line, syntax.max_chars))
+    if not rules.traceback.start.match(this.msg):
+        return _NONE
+    while at > 0:
+        before = buf.rfind(b"\n", 0, at - 1) + 1
+        line = parser.parse(_decode(buf, before, at - 1, long_line, syntax.max_chars))
+        if line.proc == this.proc:
+            if before in fed_here or line.level not in syntax.error_levels or line.src != this.src:
+                return _NONE
+            if before >= pos:
+                return before
+            raise _Restart
+        at = before
+    return _EARLIER
+
+
 def _decode(buf: bytearray, start: int, end: int, long_line: int, max_chars: int) -> str:
     """The line as streaming reads it (iter_lines): UTF-8 with replacement, cut at max_chars."""
     return buf[start : min(end, start + long_line)].decode("utf-8", errors="replace")[:max_chars]
 
 
 def _counts(
-    buf: bytearray, start: int, end: int, watch: Watch, finder: _Finder, parser: LineParser, syntax: LineSyntax
+    buf: bytearray,
+    start: int,
+    end: int,
+    watch: Watch,
+    any_line: bool,
+    finder: _Finder,
+    parser: LineParser,
+    syntax: LineSyntax,
 ) -> bool:
     """Whether the line buf[start:end], which has a needle, must be read: it has a needle that counts in
-    any line, or it is logged at an error level or not logged (an INFO line quoting an error does not)."""
-    if watch.any_line and finder.find(watch.any_line, buf, start, end + 1) >= 0:
+    any line (looked for when any_line), or it is logged at an error level or not logged (an INFO line
+    quoting an error does not)."""
+    if any_line and finder.find(_database(watch.any_line), buf, start, end + 1) >= 0:
         return True
     level = parser.parse(_decode(buf, start, end, 4 * syntax.max_chars + 4, syntax.max_chars)).level
     return level is None or level in syntax.error_levels

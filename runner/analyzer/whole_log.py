@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import tempfile
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -16,6 +17,7 @@ from runner.analyzer.rules import Rules, default_rules
 from runner.analyzer.stream import ErrorFinding, StreamAnalyzer
 
 GZIP_MAGIC = b"\x1f\x8b"
+SPOOL_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -108,31 +110,53 @@ def analyze_text(text: str, rules: Rules | None = None) -> Analysis:
 
 
 def analyze_stream(
-    stream: BinaryIO, name: str = "-", rules: Rules | None = None, *, max_bytes: int | None = None
+    stream: BinaryIO,
+    name: str = "-",
+    rules: Rules | None = None,
+    *,
+    max_bytes: int | None = None,
+    progress: scan.Progress | None = None,
 ) -> Analysis:
     """A log read from a byte stream (a file, a pipe), with memory flat in its size. InputError for
-    binary data or more than max_bytes. A file is scanned for the lines that matter (runner.analyzer.scan),
-    with the same result."""
+    binary data or more than max_bytes. The lines that matter are found by runner.analyzer.scan, with
+    streaming's result; a pipe (or a gzip) is spooled to a temporary file first, so it takes that path too
+    and its first error's context can be read again. `progress` is told the bytes done as it goes."""
     rules = rules or default_rules()
     fast = scan.usable(stream, rules)
     start = stream.tell() if fast else 0
     head = stream.read(SNIFF_BYTES)
     if head.startswith(GZIP_MAGIC):
-        return _analyze_gzip(PrefixedReader(head, stream), name, rules, max_bytes)
+        return _analyze_gzip(PrefixedReader(head, stream), name, rules, max_bytes, progress)
     _refuse_binary(head, f"{name}: binary data")
     if fast:
         size = stream.seek(0, io.SEEK_END) - start
         if max_bytes is not None and size > max_bytes:
             raise InputError(f"input is larger than {max_bytes // (1 << 20)} MiB")
         stream.seek(start)
-        return _finish(*scan.analyze_file(stream, rules))
-    return _analyze_read(head, stream, rules, max_bytes)
+        return _finish(*scan.analyze_file(stream, rules, progress=progress))
+    return _analyze_read(head, stream, rules, max_bytes, progress)
 
 
-def _analyze_read(head: bytes, rest: Readable, rules: Rules, max_bytes: int | None) -> Analysis:
-    """Every line streamed, the sniffed head first; InputError past max_bytes."""
-    lines = iter_lines(PrefixedReader(head, rest), max_line_chars=rules.line.max_chars, max_bytes=max_bytes)
-    return analyze_lines(lines, rules)
+def _analyze_read(
+    head: bytes, rest: Readable, rules: Rules, max_bytes: int | None, progress: scan.Progress | None
+) -> Analysis:
+    """A stream that cannot seek: spooled to a temporary file and scanned (the head first); every line
+    streamed without Hyperscan. InputError past max_bytes."""
+    if not scan.available(rules):
+        lines = iter_lines(PrefixedReader(head, rest), max_line_chars=rules.line.max_chars, max_bytes=max_bytes)
+        return analyze_lines(lines, rules)
+    with tempfile.TemporaryFile(prefix="k3repro-analyze-") as spool:
+        spool.write(head)
+        done = len(head)
+        while chunk := rest.read(SPOOL_BYTES):
+            done += len(chunk)
+            if max_bytes is not None and done > max_bytes:
+                raise InputError(f"input is larger than {max_bytes // (1 << 20)} MiB")
+            spool.write(chunk)
+            if progress is not None:
+                progress(done, None)
+        spool.seek(0)
+        return _finish(*scan.analyze_file(cast(BinaryIO, spool), rules, progress=progress))
 
 
 def _refuse_binary(head: bytes, what: str) -> None:
@@ -140,22 +164,30 @@ def _refuse_binary(head: bytes, what: str) -> None:
         raise InputError(f"{what}, not a text log")
 
 
-def _analyze_gzip(raw: PrefixedReader, name: str, rules: Rules, max_bytes: int | None) -> Analysis:
+def _analyze_gzip(
+    raw: PrefixedReader, name: str, rules: Rules, max_bytes: int | None, progress: scan.Progress | None
+) -> Analysis:
     """A rotated log as logrotate and the kubelet leave it (`vllm.log.1.gz`, `0.log.20261204-101010.gz`): read
     as it is unpacked, every line streamed; max_bytes counts what it unpacks to, so a bomb stops there."""
     try:
         unpacked = gzip.GzipFile(fileobj=cast(BinaryIO, raw), mode="rb")  # read() is all it uses
         head = unpacked.read(SNIFF_BYTES)
         _refuse_binary(head, f"{name}: gzip of binary data")
-        return _analyze_read(head, unpacked, rules, max_bytes)
+        return _analyze_read(head, unpacked, rules, max_bytes, progress)
     except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
         raise InputError(f"{name}: a damaged or cut-off gzip file ({exc or type(exc).__name__})") from None
 
 
-def analyze_path(path: str | Path, rules: Rules | None = None, *, max_bytes: int | None = None) -> Analysis:
+def analyze_path(
+    path: str | Path,
+    rules: Rules | None = None,
+    *,
+    max_bytes: int | None = None,
+    progress: scan.Progress | None = None,
+) -> Analysis:
     """A log file; OSError when it cannot be read, InputError as for analyze_stream."""
     with open(path, "rb") as stream:
-        return analyze_stream(stream, str(path), rules, max_bytes=max_bytes)
+        return analyze_stream(stream, str(path), rules, max_bytes=max_bytes, progress=progress)
 
 
 __all__ = ["Analysis", "InputError", "analyze_lines", "analyze_path", "analyze_stream", "analyze_text"]
