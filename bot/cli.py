@@ -1,7 +1,8 @@
 """`k3repro`: the terminal front-end of the bot core.
 
-The parser's first level is this module's table alone: `k3repro --help` imports no command, and a command line
-imports only its own command's module (the store, gRPC, the analyzer come with the commands that use them).
+Its parser is built from bot/operations.py, the registry Slack's `/k3repro` parser is built from too. The first
+level is that table alone: `k3repro --help` imports no command, and a command line imports only its own
+command's module (the store, gRPC, the analyzer come with the commands that use them).
 """
 
 from __future__ import annotations
@@ -11,53 +12,86 @@ import functools
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from bot.operations import CLI, Operation, ValueType, on
 
 # The same names as bot/config.py's DEFAULT_CONFIG and CONFIG_ENV (a test keeps them so): importing bot.config
 # loads the TLS stack, which `--help` does not need.
 CONFIG_HELP = "bot config (default: $K3REPRO_CONFIG or ./k3repro.toml)"
 
-# Each command: the module under bot/commands that defines it (its add_parser) and its one-line help, in the
-# order `k3repro --help` lists them (a test keeps these help lines the modules' own).
-COMMANDS: dict[str, tuple[str, str]] = {
-    "start": ("start", "start a run on a cluster and follow it live"),
-    "watch": ("start", "follow a run again, from where this store stopped"),
-    "runs": ("runs", "list recent runs"),
-    "show": ("runs", "show a run and everything it recorded"),
-    "cancel": ("runs", "cancel an active run"),
-    "runners": ("runs", "the runners of each cluster and what they are doing"),
-    "note": ("note", "add to a cluster's change log (time + what changed)"),
-    "rerun": ("rerun", "rerun a run's frozen case on an isolated node; prints the verdict"),
-    "minimize": ("minimize", "shrink a run's flags to a 1-minimal set that fails the same way (a run of its own)"),
-    "report": ("report", "write a run's hand-off report: one Markdown document to act on"),
-    "bundle": ("bundle", "export or import a run's frozen bundle (tar.gz with a sha256 manifest)"),
-    "demo": ("demo", "run the embedded demo end to end on this machine"),
-    "dev-certs": ("dev_certs", "write a local CA plus runner and bot certificates (not for production)"),
-    "analyze": ("analyze", "find the first error of a vLLM log: phase, category, root-cause line, secondary OOM"),
-    "fingerprint": (
-        "fingerprint",
-        "record this host's scene: OS, NVML, image, versions that load, env (secrets redacted), sha256",
-    ),
-    "check": ("check", "check a fingerprint against a model's compatibility baseline (e.g. kimi-k3)"),
-    "diff": ("diff", "field-level differences between two fingerprints (driver, CUDA, digest, versions, GPUs, env)"),
-}
+# The commands `k3repro` offers, in the order `k3repro --help` lists them (bot/operations.py declares them for
+# both front-ends: their arguments, options and help lines come from there)
+COMMANDS: dict[str, Operation] = on(CLI)
 
 
 @functools.cache  # built once: argparse looks up a translation on disk for every help text it adds
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The whole parser of `command` (its module's subcommands in full); every other command a placeholder that
-    takes anything, which is all `k3repro --help` and finding the command need."""
+    """The whole parser of `command` (its arguments in full, its handler imported); every other command a
+    placeholder that takes anything, which is all `k3repro --help` and finding the command need."""
     parser = argparse.ArgumentParser(
         prog="k3repro", description="Reproduce vLLM serving failures one change at a time."
     )
     parser.add_argument("--config", type=Path, help=CONFIG_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    if command is not None:
-        importlib.import_module(f"bot.commands.{COMMANDS[command][0]}").add_parser(sub)
-    for name, (_, help_text) in COMMANDS.items():
-        if name not in sub.choices:
-            sub.add_parser(name, help=help_text, add_help=False)
+    for name, operation in COMMANDS.items():
+        if name == command:
+            _add(sub, operation)
+        else:
+            sub.add_parser(name, help=operation.help(CLI), add_help=False)
     return parser
+
+
+def _add(sub: argparse._SubParsersAction[argparse.ArgumentParser], operation: Operation) -> None:
+    """`operation`'s terminal parser, from its declaration alone; its handler (module:function) as `func`."""
+    parser = sub.add_parser(operation.name, help=operation.help(CLI), description=operation.description or None)
+    if operation.actions:
+        actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+        for action in operation.actions:
+            _add(actions, action)
+        return
+    for arg in operation.args:
+        if len(arg.choices) == 1:  # Slack's literal word is the terminal's required flag: `--isolated`
+            parser.add_argument(
+                f"--{arg.choices[0]}", dest=arg.name, action="store_const", const=arg.choices[0], required=True,
+                help=arg.help or None,
+            )  # fmt: skip
+        else:
+            nargs = "+" if arg.rest else "?" if arg.optional else None
+            parser.add_argument(arg.name, metavar=arg.metavar, nargs=nargs, type=TYPES[arg.type], help=arg.help or None)
+    groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
+    for option in operation.options_on(CLI):
+        target: argparse._ActionsContainer = parser
+        if option.exclusive:
+            if option.exclusive not in groups:
+                groups[option.exclusive] = parser.add_mutually_exclusive_group()
+            target = groups[option.exclusive]
+        flags = [option.short, f"--{option.name}"] if option.short else [f"--{option.name}"]
+        if not option.metavar:
+            target.add_argument(*flags, action="store_true", help=option.help)
+            continue
+        target.add_argument(
+            *flags, metavar=option.metavar, type=TYPES[option.type], required=option.required, help=option.help,
+            action="append" if option.repeat else "store", default=[] if option.repeat else option.default,
+        )  # fmt: skip
+    module, _, function = operation.cli.partition(":")
+    parser.set_defaults(func=getattr(importlib.import_module(f"bot.commands.{module}"), function))
+
+
+def positive(text: str) -> float:
+    """argparse's type for a factor above 0 (demo's --speed: 0 would never end, a negative one is meaningless)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+TYPES: dict[ValueType, Callable[[str], Any]] = {"str": str, "int": int, "path": Path, "positive": positive}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

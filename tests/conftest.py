@@ -97,6 +97,7 @@ TIERS: dict[str, str] = {
     "test_minimize": "sim",
     "test_ports": "sim",
     "test_processes": "sim",
+    "test_operations": "unit",
     "test_protos": "unit",
     "test_real_vllm": "real_vllm",
     "test_real_vllm_stacks": "real_vllm",

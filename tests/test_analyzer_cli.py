@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bot import cli
 from bot.cli import main
 from bot.commands import analyze
 from tests.test_analyzer_support import CORPUS
@@ -32,9 +33,7 @@ def run(path: str, *, as_json: bool = False, explain: bool = False) -> int:
 
 
 def test_parser_registers_the_subcommand() -> None:
-    parser = argparse.ArgumentParser()
-    analyze.add_parser(parser.add_subparsers())
-    args = parser.parse_args(["analyze", "-", "--json"])
+    args = cli.build_parser("analyze").parse_args(["analyze", "-", "--json"])
     assert (args.path, args.json, args.func) == ("-", True, analyze.run)
 
 

@@ -244,14 +244,14 @@ def test_show_json_nests_json_as_json(stored: Stored, capsys: pytest.CaptureFixt
 def test_help_loads_no_command_and_no_store() -> None:
     code = (
         "import sys\nfrom bot.cli import build_parser\nbuild_parser().format_help()\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('bot.commands', 'bot.store', 'grpc', 'sqlite_utils'))))"
+        "print(sorted(m for m in sys.modules if m.startswith(('bot.commands', 'bot.store', 'grpc', 'sqlite_utils', 'runner'))))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
     assert _k3repro("--help").stdout.startswith("usage: k3repro [-h] [--config CONFIG] COMMAND ...")
 
 
-def test_the_help_table_is_the_commands_own() -> None:
+def test_the_help_table_is_the_registrys() -> None:
     from bot.config import CONFIG_ENV, DEFAULT_CONFIG
 
     assert f"bot config (default: ${CONFIG_ENV} or ./{DEFAULT_CONFIG})" == cli.CONFIG_HELP
@@ -259,17 +259,17 @@ def test_the_help_table_is_the_commands_own() -> None:
         parser = cli.build_parser(name)
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         helps = {action.dest: action.help for action in sub._choices_actions}
-        assert helps == {n: h for n, (_, h) in cli.COMMANDS.items()}, name
+        assert helps == {n: op.help("cli") for n, op in cli.COMMANDS.items()}, name
         assert sub.choices[name]._actions[0].option_strings == ["-h", "--help"], name  # the real parser
 
 
 def test_start_takes_slacks_options(capsys: pytest.CaptureFixture[str]) -> None:
-    from bot.slack.commands import SPECS
+    from bot.slack.commands import OPERATIONS
 
     start = cli.build_parser("start")
     args = start.parse_args(["start", "cluster-a", "--profile", "kimi-k3", "--image", "vllm/vllm-openai:v2"])
     assert (args.profile, args.image) == ("kimi-k3", "vllm/vllm-openai:v2")
-    assert SPECS["start"].options == ("profile", "image")
+    assert [o.name for o in OPERATIONS["start"].options_on("slack")] == ["profile", "image"]
     with pytest.raises(SystemExit):
         start.parse_args(["start", "--help"])
     assert "--profile P" in capsys.readouterr().out

@@ -14,24 +14,6 @@ from runner.analyzer.progress import ProgressLine
 MAX_BYTES = 1 << 30
 
 
-def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "analyze",
-        help="find the first error of a vLLM log: phase, category, root-cause line, secondary OOM",
-        description="Analyze a vLLM log (a file, or - for standard input). Exit 0 when the analysis ran, "
-        "whether or not it found a failure; 2 when the input cannot be read.",
-    )
-    parser.add_argument("path", metavar="PATH|-", help="the log file, or - to read standard input")
-    parser.add_argument("--json", action="store_true", help="print the analysis as JSON (stable contract)")
-    parser.add_argument(
-        "--explain",
-        action="store_true",
-        help="also say why: the rule that chose the line, what placed the phase, what decided the category, "
-        "the wrappers passed over and a deliberate stop",
-    )
-    parser.set_defaults(func=run)
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         with ProgressLine(f"k3repro analyze {args.path}", sys.stderr) as progress:

@@ -3,24 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from bot.bundle import BundleError, export_bundle, import_bundle, read_bundle
 from bot.commands.common import CommandError, load_config, said
 from bot.render import terminal
 from bot.store import RunNotFound, Store
-
-
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("bundle", help="export or import a run's frozen bundle (tar.gz with a sha256 manifest)")
-    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    export = actions.add_parser("export", help="write a finished run's bundle")
-    export.add_argument("run")
-    export.add_argument("-o", "--output", type=Path, required=True, help="the bundle file to write")
-    export.set_defaults(func=run_export)
-    imported = actions.add_parser("import", help="verify a bundle and add its run to this store")
-    imported.add_argument("file", type=Path)
-    imported.set_defaults(func=run_import)
 
 
 def run_export(args: argparse.Namespace) -> int:

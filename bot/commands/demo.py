@@ -32,32 +32,6 @@ from runner.toml_reader import ConfigError, read_toml
 HOST_INSTALL = "host-install"  # what `--launch` runs is the host's own vLLM install, not an image
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("demo", help="run the embedded demo end to end on this machine")
-    parser.add_argument(
-        "--scenario",
-        default="demo",
-        help="a built-in scenario name or a scenario file: the deployment, the simulated host, the faults "
-        "(default: demo)",
-    )
-    parser.add_argument(
-        "--launch",
-        metavar="COMMAND",
-        help="run the method on a real vLLM on this machine instead of the simulator: the launch command as the "
-        "cluster runs it (e.g. the vLLM CPU build: 'PYTHON -m vllm.entrypoints.openai.api_server --model DIR ...'); "
-        "the scenario's simulated host is not used",
-    )
-    parser.add_argument("--speed", type=_positive, help="sim speed factor (default from the demo config)")
-    parser.add_argument("--logs", action="store_true", help="also print the engine's log")
-    parser.add_argument("--json", action="store_true", help="print only the run report as JSON")
-    parser.add_argument(
-        "--minimize",
-        action="store_true",
-        help="then, when the ladder named a trigger, shrink the flags to a 1-minimal failing set (k3repro minimize)",
-    )
-    parser.set_defaults(func=run)
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         scenario = scenario_path(args.scenario)
@@ -181,14 +155,3 @@ def _on_this_host(data: dict[str, Any], launch: str) -> None:
     data["runner"]["engine"] = {"backend": "process", "executables": [argv[0]], **data["real_engine"]}
     data["runner"]["allowed_images"].append(HOST_INSTALL)
     data["clusters"]["cluster-a"].update(launch=argv, image=HOST_INSTALL)
-
-
-def _positive(text: str) -> float:
-    """argparse's type for --speed: a factor above 0 (0 would never end, a negative one is meaningless)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-    return value

@@ -12,23 +12,6 @@ from runner.fingerprint import ImageTarget, PythonTarget, Target, collect, to_te
 from runner.nvml import PynvmlSource
 
 
-def add_target_options(parser: argparse.ArgumentParser) -> None:
-    target = parser.add_mutually_exclusive_group()
-    target.add_argument("--image", metavar="REF", help="probe this local image in a short-lived container")
-    target.add_argument("--python", metavar="PATH", help="probe this Python's install (bare metal)")
-
-
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "fingerprint",
-        help="record this host's scene: OS, NVML, image, versions that load, env (secrets redacted), sha256",
-        description="Take an environment fingerprint. Without --image or --python, the Python on PATH is probed.",
-    )
-    add_target_options(parser)
-    parser.add_argument("--json", action="store_true", help="print the fingerprint JSON (stable contract)")
-    parser.set_defaults(func=run)
-
-
 def target_of(args: argparse.Namespace) -> Target | None:
     if args.image:
         return ImageTarget(args.image)

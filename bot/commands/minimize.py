@@ -16,15 +16,6 @@ from bot.store import RunNotFound, Store
 from protos import runner_pb2 as pb
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "minimize", help="shrink a run's flags to a 1-minimal set that fails the same way (a run of its own)"
-    )
-    parser.add_argument("run", help="a finished run whose ladder named a trigger step")
-    parser.add_argument("--logs", action="store_true", help="also print the engine's log as it arrives")
-    parser.set_defaults(func=run)
-
-
 def run(args: argparse.Namespace) -> int:
     where = Progress()
     try:

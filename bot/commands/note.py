@@ -1,4 +1,4 @@
-"""`k3repro note CLUSTER "what changed"`: the cluster's change log, which every run's freeze records."""
+"""`k3repro note CLUSTER what changed` (one word or many, as Slack's `note CLUSTER TEXT`): the cluster's change log, which every run's freeze records."""
 
 from __future__ import annotations
 
@@ -11,17 +11,10 @@ from bot.commands.common import CommandError, coordinator, load_config, operator
 from bot.refusal import Refused
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("note", help="add to a cluster's change log (time + what changed)")
-    parser.add_argument("cluster")
-    parser.add_argument("what", help="what changed, e.g. 'driver 580.82 -> 580.95 on gpu-a1'")
-    parser.set_defaults(func=run)
-
-
 def run(args: argparse.Namespace) -> int:
     async def note() -> str:
         async with coordinator(load_config(args.config)) as core:
-            change = await core.note(args.cluster, args.what, operator())
+            change = await core.note(args.cluster, " ".join(args.text), operator())
         return unmarked(noted(change))
 
     try:

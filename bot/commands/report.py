@@ -4,18 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from bot.commands.common import CommandError, load_config
 from bot.handoff import run_handoff
 from bot.store import RunNotFound, Store
-
-
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("report", help="write a run's hand-off report: one Markdown document to act on")
-    parser.add_argument("run")
-    parser.add_argument("-o", "--output", type=Path, metavar="FILE", help="write it to FILE instead of stdout")
-    parser.set_defaults(func=write_report)
 
 
 def write_report(args: argparse.Namespace) -> int:

@@ -14,16 +14,6 @@ from bot.rerun import command_line, rerun_isolated, verdict_lines
 from bot.store import RunNotFound, Store
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("rerun", help="rerun a run's frozen case on an isolated node; prints the verdict")
-    parser.add_argument("run")
-    parser.add_argument(
-        "--isolated", action="store_true", required=True, help="on a runner from the cluster's isolation provider"
-    )
-    parser.add_argument("--logs", action="store_true", help="also print the engine's log as it arrives")
-    parser.set_defaults(func=run)
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_rerun(args))

@@ -8,7 +8,6 @@ import contextlib
 import json
 import sys
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format
@@ -26,24 +25,6 @@ from bot.store import ACTIVE, Run, RunNotFound, Store, redacted
 from bot.timeline import caption, draw
 from runner.redact import redactor
 from runner.toml_reader import ConfigError
-
-
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    runs = sub.add_parser("runs", help="list recent runs")
-    runs.add_argument("--limit", type=int, default=20)
-    runs.set_defaults(func=list_runs)
-    show = sub.add_parser("show", help="show a run and everything it recorded")
-    show.add_argument("run")
-    show.add_argument("--logs", action="store_true", help="include the engine's log")
-    show.add_argument("--json", action="store_true", help="the run, its report and its events as JSON")
-    show.add_argument("--timeline", type=Path, metavar="FILE", help="also draw the run's launches as a PNG")
-    show.set_defaults(func=show_run)
-    cancel = sub.add_parser("cancel", help="cancel an active run")
-    cancel.add_argument("run")
-    cancel.set_defaults(func=cancel_run)
-    runners = sub.add_parser("runners", help="the runners of each cluster and what they are doing")
-    runners.add_argument("cluster", nargs="?")
-    runners.set_defaults(func=list_runners)
 
 
 def list_runs(args: argparse.Namespace) -> int:

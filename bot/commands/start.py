@@ -14,39 +14,11 @@ from bot.commands.common import CommandError, EventPrinter, coordinator, load_co
 from bot.consumer import RunLost, RunRefused
 from bot.coordinator import Coordinator
 from bot.refusal import Refused
-from bot.slack.commands import SPECS as SLACK_COMMANDS
 from bot.store import RunNotFound, Store
 from protos import runner_pb2 as pb
 from runner.analyzer import InputError, analyze_path
 from runner.analyzer.messages import first_error_message
 from runner.analyzer.progress import ProgressLine
-
-# The terminal's help for each of Slack's `start` options (bot/slack/commands.py names them; a test keeps both)
-START_OPTIONS: dict[str, dict[str, str]] = {
-    "profile": {"metavar": "P", "help": "the compatibility baseline profile for this run (default: the cluster's)"},
-    "image": {
-        "metavar": "REF",
-        "help": "the image for this run (default: the cluster's; the runner's allowlist decides)",
-    },
-}
-
-
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    start = sub.add_parser("start", help="start a run on a cluster and follow it live")
-    start.add_argument("cluster")
-    for option in SLACK_COMMANDS["start"].options:  # the options Slack's `/k3repro start` takes, the same names
-        start.add_argument(f"--{option}", default="", **START_OPTIONS[option])  # type: ignore[arg-type]
-    start.add_argument("--logs", action="store_true", help="also print the engine's log as it arrives")
-    start.add_argument(
-        "--log",
-        metavar="FILE",
-        help="the failing deployment's own log: its first error is recorded by freeze and compared in the verdict",
-    )
-    start.set_defaults(func=run_start)
-    watch = sub.add_parser("watch", help="follow a run again, from where this store stopped")
-    watch.add_argument("run")
-    watch.add_argument("--logs", action="store_true")
-    watch.set_defaults(func=run_watch)
 
 
 def run_start(args: argparse.Namespace) -> int:

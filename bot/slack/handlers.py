@@ -18,6 +18,7 @@ from bot.blocks import ACTION_CANCEL, ACTION_MINIMIZE, ACTION_RERUN, MAX_SECTION
 from bot.config import ClusterConfig
 from bot.coordinator import Coordinator
 from bot.minimize import start_minimize
+from bot.operations import SLACK, RegistryError, check_handled
 from bot.refusal import Refused
 from bot.rerun import command_line
 from bot.slack.access import Access
@@ -33,6 +34,23 @@ from runner.toml_reader import ConfigError
 log = logging.getLogger("k3repro.slack")
 
 Ack = Callable[..., Awaitable[None]]
+Work = Callable[..., Awaitable[str]]  # (handlers, request, **the command's arguments) -> the answer, or ""
+HANDLERS: dict[str, Work] = {}  # operation name -> its handler, filled by @handles
+
+
+def handles(name: str) -> Callable[[Work], Work]:
+    """Registers the decorated method as the handler of Slack operation `name` (bot/operations.py), beside it as
+    bolt registers a listener beside its matcher; the module's import checks that each has exactly one."""
+
+    def register(work: Work) -> Work:
+        if name in HANDLERS:
+            raise RegistryError(f"two Slack handlers for `{name}`: {HANDLERS[name].__name__} and {work.__name__}")
+        HANDLERS[name] = work
+        return work
+
+    return register
+
+
 ACTIONS = {  # button -> command
     ACTION_CANCEL: ("cancel", {}),
     ACTION_RERUN: ("rerun", {"where": "isolated"}),
@@ -69,18 +87,18 @@ class Handlers:
     async def on_command(self, ack: Ack, body: dict[str, Any]) -> None:
         try:
             command = parse(str(body.get("text", "")))
-            if command.name == "help":
-                return await self._ack(ack, "help", help_text(self.slash))
+            request = Request(
+                str(body.get("trigger_id") or f"{body.get('user_id')}:{now()}"),
+                str(body.get("user_id", "")),
+                str(body.get("channel_id", "")),
+                str(body.get("team_domain", "")),
+                command,
+            )
+            if command.operation.immediate:  # answered in the ack: pure, nothing to claim or store
+                return await self._ack(ack, command.name, await HANDLERS[command.name](self, request, **command.args))
             self._precheck(command, body)
         except (CommandError, Refused) as exc:
             return await self._ack(ack, "refused", f"⛔ {exc}")
-        request = Request(
-            str(body.get("trigger_id") or f"{body.get('user_id')}:{now()}"),
-            str(body.get("user_id", "")),
-            str(body.get("channel_id", "")),
-            str(body.get("team_domain", "")),
-            command,
-        )
         await self._ack(
             ack, "accepted", f"⏳ starting a run on {command.args['cluster']}…" if command.name == "start" else None
         )
@@ -111,7 +129,7 @@ class Handlers:
         if name is None:
             return
         cluster = self.access.cluster(name)
-        if command.spec.operates:
+        if command.operation.operates:
             self.access.check_place(cluster, str(body.get("channel_id", "")))
             if self.access.known_operator(cluster, str(body.get("user_id", ""))) is False:
                 raise Refused(f"<@{body.get('user_id')}> is not an operator of cluster {cluster.name}")
@@ -122,9 +140,9 @@ class Handlers:
         if not await self.store.call(Store.claim_request, request.id):
             log.info("request %s was already handled (a retry); ignored", request.id)
             return
-        work = getattr(self, f"_do_{request.command.name}")
+        work = HANDLERS[request.command.name]
         try:
-            answer = await work(request, **request.command.args)
+            answer = await work(self, request, **request.command.args)
         except (Refused, RunNotFound) as exc:
             answer = f"⛔ {exc}"
         except Exception:
@@ -144,7 +162,8 @@ class Handlers:
         await self.access.check_operator(cluster, request.user)
         return cluster
 
-    async def _do_start(self, request: Request, cluster: str, profile: str = "", image: str = "") -> str:
+    @handles("start")
+    async def _start(self, request: Request, cluster: str, profile: str = "", image: str = "") -> str:
         await self._operator(request, cluster)
         try:
             started = await self.core.start(
@@ -168,7 +187,8 @@ class Handlers:
             )
         return clusters
 
-    async def _do_status(self, request: Request, run: str = "") -> str:
+    @handles("status")
+    async def _status(self, request: Request, run: str = "") -> str:
         clusters = await self._readable(request)
         if run:
             found = await self.store.call(Store.get_run, run, clusters)
@@ -181,26 +201,30 @@ class Handlers:
         rows = [await self.core.settle(row) for row in rows]
         return "\n".join([await self._run_line(row) for row in rows])
 
-    async def _do_runs(self, request: Request) -> str:
+    @handles("runs")
+    async def _runs(self, request: Request) -> str:
         clusters = await self._readable(request)
         rows = [await self.core.settle(row) for row in await self.store.call(Store.runs, 10, (), clusters)]
         return "\n".join([await self._run_line(row) for row in rows]) or "no runs yet"
 
-    async def _do_cancel(self, request: Request, run: str) -> str:
+    @handles("cancel")
+    async def _cancel(self, request: Request, run: str) -> str:
         found = await self.store.call(Store.get_run, run)
         await self._operator(request, found.cluster)
         return cancelled(
             await self.core.cancel(found.id, request.user, "slack", place=request.channel, by=f"<@{request.user}>")
         )
 
-    async def _do_rerun(self, request: Request, run: str, where: str) -> str:
+    @handles("rerun")
+    async def _rerun(self, request: Request, run: str, where: str) -> str:
         """Launches the cluster's configured command (bot/rerun.py, configured_launch), which the answer shows."""
         found = await self.store.call(Store.get_run, run)
         cluster = await self._operator(request, found.cluster)
         answer = await self.threads.rerun(found.id, request.user, request.channel)
         return f"{answer}\nit launches: {_inline(command_line(cluster.launch_argv))}"
 
-    async def _do_minimize(self, request: Request, run: str) -> str:
+    @handles("minimize")
+    async def _minimize(self, request: Request, run: str) -> str:
         """A run of its own, with its own card and thread; the original's thread is told where it went."""
         found = await self.store.call(Store.get_run, run)
         await self._operator(request, found.cluster)
@@ -213,7 +237,8 @@ class Handlers:
         await self.threads.note_in_thread(found.id, request.channel, text, f"minimize:{started.run_id}")
         return ""
 
-    async def _do_runners(self, request: Request, cluster: str = "") -> str:
+    @handles("runners")
+    async def _runners(self, request: Request, cluster: str = "") -> str:
         """Each runner for anyone; where it listens only for the cluster's operators (answers.runner_line)."""
         states = await self.core.runners(cluster or None)
         operates = {name: await self.access.is_operator(self.access.cluster(name), request.user) for name, _ in states}
@@ -222,7 +247,8 @@ class Handlers:
             lines.append("_addresses are shown to the cluster's operators_")
         return "\n".join(lines) or "no runners configured"
 
-    async def _do_baseline(self, request: Request, profile: str = "") -> str:
+    @handles("baseline")
+    async def _baseline(self, request: Request, profile: str = "") -> str:
         profiles = sorted({c.profile for c in self.core.config.clusters.values() if c.profile})
         name = profile or (profiles[0] if len(profiles) == 1 else "")
         if not name:
@@ -235,10 +261,15 @@ class Handlers:
         head = f"*baseline {baseline.name}* — {baseline.description}".rstrip(" —")
         return clip("\n".join([head, *rules, "_every run checks it in its `baseline` stage_"]), MAX_SECTION)
 
-    async def _do_note(self, request: Request, cluster: str, text: str) -> str:
+    @handles("note")
+    async def _note(self, request: Request, cluster: str, text: str) -> str:
         await self._operator(request, cluster)
         change = await self.core.note(cluster, text, request.user, "slack", place=request.channel)
         return noted(change)
+
+    @handles("help")
+    async def _help(self, request: Request) -> str:
+        return help_text(self.slash)
 
     async def _run_line(self, run: Run) -> str:
         decision = f" · {run.decision}" if run.decision else ""
@@ -254,6 +285,9 @@ class Handlers:
         domain = thread.team_domain
         url = f"https://{domain}.slack.com/archives/{thread.channel}/p{ts}" if domain else ""
         return f"<{url}|thread in #{thread.channel}>" if url else f"thread <#{thread.channel}> ts {thread.parent_ts}"
+
+
+check_handled(SLACK, HANDLERS)
 
 
 def _inline(command: str) -> str:
