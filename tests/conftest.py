@@ -129,6 +129,7 @@ TIERS: dict[str, str] = {
     "test_slack_thread": "sim",
     "test_stacks": "unit",
     "test_stacks_sim": "sim",
+    "test_stacks_docker": "daemons",
     "test_slurm": "daemons",
     "test_slurm_env": "daemons",
     "test_state_files": "unit",

@@ -22,11 +22,14 @@ from runner.engines.lines import LineSplitter
 from runner.fingerprint import ImageTarget
 from runner.fingerprint.image import PROBE_LABEL, DockerUnavailable, docker_client, gpu_device_requests
 from runner.nvml import NvmlSource, PynvmlSource
+from runner.stacks.dump import OUTPUT_BYTES
 from runner.stacks.summary import ProcessDump
 from runner.vllm_cli import split_program
 
 RUN_LABEL = "k3repro.run_id"
 DOCKER_RUN_EXIT = 125  # what `docker run` exits with when the daemon refuses the container
+# The container's live processes, by pid: not the listing shell itself, nor a zombie (its exe link is gone).
+LIVE_PIDS = 'for p in /proc/[0-9]*; do n=${p#/proc/}; [ "$n" != $$ ] && [ -e "$p/exe" ] && echo "$n"; done'
 
 
 class DockerEngine:
@@ -96,15 +99,15 @@ class DockerEngine:
         code, _ = container.exec_run(["sh", "-c", "command -v py-spy"])
         if code != 0:
             return [ProcessDump(0, error="py-spy is not installed in the image", label=label)]
-        code, out = container.exec_run(["sh", "-c", "cd /proc && echo [0-9]*"])
+        code, out = container.exec_run(["sh", "-c", LIVE_PIDS])
         pids = sorted(int(p) for p in out.decode().split() if p.isdigit()) if code == 0 else []
         dumps = []
         for pid in pids:
             code, out = container.exec_run(["timeout", f"{limit_s:.0f}", "py-spy", "dump", "--pid", str(pid)])
-            text = out.decode("utf-8", "replace")
+            text = out.decode("utf-8", "replace")[:OUTPUT_BYTES]
             if code == 0 and "\nThread " in f"\n{text}":
                 dumps.append(ProcessDump(pid, text))
-            elif "No such file or directory" not in text:  # the exec's own shell, gone by now
+            else:
                 reason = next((line for line in text.splitlines() if line.startswith("Error:")), f"exit {code}")
                 dumps.append(ProcessDump(pid, error=reason.removeprefix("Error:").strip(), label=label))
         return dumps

@@ -8,6 +8,7 @@ broadcast. Nothing reads these stacks but a dump (py-spy); they are what a real 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -15,7 +16,9 @@ TITLE = "VLLM::Worker_TP{rank}"  # vLLM's worker process title (what a stack dum
 
 
 def start_ranks(tensor_parallel_size: int, hung_rank: int, collective: str) -> list[subprocess.Popen[bytes]]:
-    """Starts one process per rank (in the simulator's process group: stopping the engine stops them)."""
+    """Starts one process per rank (in the simulator's process group: stopping the engine stops them). Titled by
+    argv[0], a rank's interpreter cannot find its environment from it: it gets the simulator's import path."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
     return [
         subprocess.Popen(
             [
@@ -26,6 +29,7 @@ def start_ranks(tensor_parallel_size: int, hung_rank: int, collective: str) -> l
                 collective if rank == hung_rank else "",
             ],
             executable=sys.executable,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
