@@ -8,6 +8,11 @@ so line numbers stay exact. Wherever a traceback, message or header is open ever
 streaming; so the result is streaming's (tests/test_analyzer_scan.py checks this on the corpus and on
 generated logs).
 
+A log where every third line says ERROR, Error or Exception (other components' error records, INFO lines
+quoting exceptions) would stop the scan on every third line: before the first error, patterns with generic
+needles are searched by their own regex (_Plan), and while a logged error line is held, later lines at an
+error level are jumped over and read only as the header of a traceback (_header).
+
 Hyperscan is optional (x86-64 wheels): without it, analyze_stream reads every line.
 """
 
