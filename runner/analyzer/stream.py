@@ -167,6 +167,7 @@ class _Stream:
     last_frame_run_phase: str | None = None
     startup: bool = False  # the running traceback has a frame of the engine starting
     after_frame: bool = False  # the stream's last line was a `File "…"` frame line (its source line is next)
+    loose_code: str = ""  # a logged source line outside a traceback (an excerpt that starts inside one)
     wrapper_head: _Candidate | None = None  # a logged wrapper line: heads a traceback if the next line starts one
     cut_head: _Candidate | None = None  # the wrapper line heading the running traceback
 
@@ -478,6 +479,7 @@ class StreamAnalyzer:
         msg = ll.msg
         tb = self._tb
         after_frame, st.after_frame = st.after_frame, False
+        loose, st.loose_code = st.loose_code, ""
         head, st.wrapper_head = st.wrapper_head, None
         if ll.level is not None and ll.level not in self._error_levels:
             self._resolve_header(st, starts_traceback=False)
@@ -509,11 +511,16 @@ class StreamAnalyzer:
             if st.state == _MESSAGE:
                 self._continue_message(st, ll, match_rules=False)
             elif st.state == _FRAMES or tb.frame.match(msg):
+                if st.state != _FRAMES and loose:
+                    self._frame(st, loose)  # the excerpt began with an outer frame's source line
                 st.state = _FRAMES
                 self._frame(st, msg)
                 if tb.frame.match(msg):
                     st.last_frame, st.last_frame_no, st.last_frame_run_phase = ll, self._n, self._run_phase()
                     st.after_frame = True
+            elif ll.level is not None:
+                # (Only a logged one: whole-file reading may jump over an unlogged line without needles.)
+                st.loose_code = msg if msg.strip(" ^~") else loose  # (a `^^^` marker line keeps the code above it)
         elif st.state == _FRAMES and after_frame and not tb.exception.match(msg):
             self._frame(st, msg)  # a frame's source line that a collector unindented
         elif st.state == _FRAMES and tb.exception.match(msg):
@@ -997,6 +1004,10 @@ class StreamAnalyzer:
             return category, f"a hang in {phase}, categorized like one"
         if cand.tier == _WRAPPER:
             if "cause" not in cand.groups:
+                phase = self._phase_of(cand)
+                if rule is not None and rule.phase is not None and phase in rules.category_by_phase:
+                    # (it says where the run was: EngineDeadError while serving is a serving failure)
+                    return rules.category_by_phase[phase], f"a wrapper that names no cause, in {phase}"
                 return rules.default_category, "a wrapper that names no cause"
             rule = cand.refined
             if rule is not None and rule.category is not None:
