@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import functools
 import re
-import tomllib
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
+
+from runner.toml_reader import TomlReader, packaged
 
 _PROCESS = re.compile(r"^Process (?P<pid>\d+): (?P<cmdline>.*)$")
 _THREAD = re.compile(r'^Thread (?P<id>\S+) \((?P<state>[^)]*)\)(?::\s*"(?P<name>.*)")?\s*$')
@@ -84,20 +84,33 @@ class _Role:
 
 @functools.cache
 def _rules() -> tuple[tuple[_Role, ...], tuple[_Rule, ...]]:
-    data = tomllib.loads(resources.files("runner.data").joinpath("stacks.toml").read_text(encoding="utf-8"))
-    roles = tuple(_Role(re.compile(r["pattern"]), r["name"]) for r in data["role"])
-    waits = tuple(
-        _Rule(
-            w["id"],
-            w["says"],
-            w.get("key", w["id"]),
-            re.compile(w["function"]) if "function" in w else None,
-            re.compile(w["file"]) if "file" in w else None,
-            w.get("idle"),
+    """runner/data/stacks.toml, read once; a bad row is named by file, row and key (runner/toml_reader.py)."""
+    data = packaged("stacks.toml")
+    roles = tuple(_Role(_regex(row, "pattern"), row.text("name")) for row in data.rows("role"))
+    waits = []
+    for row in data.rows("wait"):
+        idle = row.value("idle")
+        if idle is not None and not isinstance(idle, bool):
+            raise row.fail(f"'idle' must be true or false, got {idle!r}")
+        rule_id = row.text("id")
+        waits.append(
+            _Rule(
+                rule_id,
+                row.text("says"),
+                row.text("key", rule_id),
+                _regex(row, "function") if "function" in row.data else None,
+                _regex(row, "file") if "file" in row.data else None,
+                idle,
+            )
         )
-        for w in data["wait"]
-    )
-    return roles, waits
+    return roles, tuple(waits)
+
+
+def _regex(row: TomlReader, key: str) -> re.Pattern[str]:
+    try:
+        return re.compile(row.text(key))
+    except re.error as exc:
+        raise row.fail(f"{key!r} is not a regular expression: {exc}") from None
 
 
 def parse(text: str) -> tuple[str, list[Thread]]:
