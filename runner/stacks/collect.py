@@ -28,6 +28,8 @@ async def stalled_stacks(ctx: RunContext, engine: RunningEngine | None, source: 
             dumps = await asyncio.wait_for(dump(LIMIT_S), OUTER_LIMIT_S)
         except TimeoutError:
             dumps = [ProcessDump(0, error=f"the dumps did not finish in {OUTER_LIMIT_S:.0f} s", label="engine")]
+        except OSError as exc:  # the host would not let the backend list or run anything: said, never raised
+            dumps = [ProcessDump(0, error=f"the processes could not be listed: {exc}", label="engine")]
     if not dumps:  # nothing of the engine is left to dump (it exited meanwhile)
         return []
     summary = summarize(dumps)
