@@ -125,6 +125,7 @@ class _Finder:
         # id(database) -> (lo, hi, ends, literal ends): database scanned buf[lo:hi], where its matches there end
         # (one past their last byte) and where those of its needles do
         self._known: dict[int, tuple[int, int, list[int], list[int]]] = {}
+        self._databases: dict[int, hyperscan.Database] = {}  # those known of, kept alive: their ids stay theirs
         self._ends: list[int] = []  # where the scan under way collects
         self._literal_ends: list[int] = []
         self._literals = 0  # ids below this are needles
@@ -134,6 +135,7 @@ class _Finder:
     def reset(self) -> None:
         """A new buffer: nothing is known of it."""
         self._known.clear()
+        self._databases.clear()
 
     def _collect(self, id_: int, _from: int, to: int, _flags: int, _context: object) -> None:
         self._ends.append(self._base + to)
@@ -172,6 +174,7 @@ class _Finder:
         if lo < 0 or lo > start or start > hi:
             lo, hi, ends, literal_ends = start, start, [], []
             self._known[id(db)] = (lo, hi, ends, literal_ends)
+            self._databases[id(db)] = db
         if hi < stop:
             ahead = max(stop, buf.rfind(b"\n", hi, hi + min(hi - lo, _MAX_WINDOW_BYTES)) + 1)
             self._ends, self._literal_ends, self._literals, self._base = ends, literal_ends, literals, hi
