@@ -437,6 +437,9 @@ class StreamAnalyzer:
         cand = st.reservation or st.cut_head
         if cand is st.cut_head and cand is not None:
             self._add_weak(cand)
+        wrapper = self._wrapper
+        if cand is None and wrapper is not None and wrapper.key[0] == st.last_frame.proc:
+            return  # the process's own exit re-raising the exception its wrapper line already reported
         if cand is None:
             ll = st.last_frame
             cand = _Candidate(
@@ -492,7 +495,11 @@ class StreamAnalyzer:
         if self._stop_armed() and self._is_stop(msg) and not self.rules.line.code.match(msg):
             self._stop(ll)
         if st.header is not None:
-            self._resolve_header(st, starts_traceback=tb.start.match(msg) is not None)
+            # (a header may end with the traceback's first line: `EngineCore hit an exception: Traceback (…):`)
+            starts = tb.start.match(msg) is not None or (
+                tb.frame.match(msg) is not None and tb.start.search(st.header.msg) is not None
+            )
+            self._resolve_header(st, starts_traceback=starts)
         if tb.start.match(msg):
             self._end_message(st)
             st.state = _FRAMES
