@@ -1012,8 +1012,8 @@ class StreamAnalyzer:
         if cand.tier == _WRAPPER:
             if "cause" not in cand.groups:
                 phase = self._phase_of(cand)
-                if rule is not None and rule.phase is not None and phase in rules.category_by_phase:
-                    # (it says where the run was: EngineDeadError while serving is a serving failure)
+                if phase in rules.category_by_phase:
+                    # (where the run was: EngineDeadError while serving is a serving failure)
                     return rules.category_by_phase[phase], f"a wrapper that names no cause, in {phase}"
                 return rules.default_category, "a wrapper that names no cause"
             rule = cand.refined
