@@ -27,6 +27,7 @@ from runner.sim import jit_cache
 from runner.stages.cache_control import SOURCE, why
 from runner.stages.context import Attempt
 from runner.tls import DevCerts
+from runner.vllm_cli import parse_launch_command
 from tests.k3fixtures import bot_core, finished_run, run_to_end, runner_data
 
 
@@ -108,14 +109,20 @@ async def test_a_failure_outside_the_cache_phases_gets_no_control_launch(
 
 
 def test_the_condition_is_engine_init_a_moving_phase_or_a_cache_read() -> None:
-    assert why([Attempt("engine_init", "oom", "s1")]) == "the failure is in engine_init"
+    plain = parse_launch_command(["vllm", "serve", "org/model"])
+    remote = parse_launch_command(["vllm", "serve", "org/model", "--trust-remote-code"])
+    assert why([Attempt("engine_init", "oom", "s1")], plain) == "the failure is in engine_init"
     assert "moves between phases (weight_load, engine_init)" in why(
-        [Attempt("weight_load", "other", "s1"), Attempt("engine_init", "other", "s2")]
+        [Attempt("weight_load", "other", "s1"), Attempt("engine_init", "other", "s2")], plain
     )
-    assert why([Attempt("gpu_detect", "other", "s1", during="remote_code_load")]).endswith("remote_code_load")
-    assert why([Attempt("gpu_detect", "nccl_comm", "s1")]) == ""
-    assert why([Attempt("unknown", "nccl_comm", "s1"), Attempt("gpu_detect", "nccl_comm", "s2")]) == ""  # no move
-    assert why([Attempt("engine_init", "oom", "s1", foreign=True)]) == ""  # memory held by others: not evidence
+    assert why([Attempt("gpu_detect", "other", "s1", during="remote_code_load")], plain).endswith("remote_code_load")
+    config = [Attempt("gpu_detect", "model_config", "s1", during="model_config_creation")]
+    assert why(config, plain) == ""  # without remote code, vLLM's config creation reads no cache
+    assert why(config, remote) == "the failure was met during model_config_creation"
+    assert why([Attempt("gpu_detect", "nccl_comm", "s1")], remote) == ""
+    unknown = [Attempt("unknown", "nccl_comm", "s1"), Attempt("gpu_detect", "nccl_comm", "s2")]
+    assert why(unknown, plain) == ""  # an unknown phase is no phase a failure moved to
+    assert why([Attempt("engine_init", "oom", "s1", foreign=True)], plain) == ""  # memory held by others
 
 
 def test_every_cache_is_redirected_by_its_own_variable() -> None:

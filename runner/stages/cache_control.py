@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -27,38 +28,62 @@ from runner.stages import proxies
 from runner.stages.context import Attempt, RunContext
 from runner.stages.launcher import launch, release
 from runner.toml_reader import read_toml, strict
-from runner.vllm_cli import ServeCommand
+from runner.vllm_cli import ServeCommand, flag_table
 
 SOURCE = "minimal_launch/fresh-caches"
 HOLDS, FAILS, PENDING = pb.CHECKLIST_STATE_HOLDS, pb.CHECKLIST_STATE_FAILS, pb.CHECKLIST_STATE_PENDING
 
 
+@dataclass(frozen=True)
+class CacheRead:
+    """An analyzer context in which caches are read: which, and the flag without which none is."""
+
+    caches: tuple[str, ...]
+    flag: str = ""
+
+    def applies(self, command: ServeCommand) -> bool:
+        return not self.flag or command.has(self.flag)
+
+
 @cache
-def _rules() -> tuple[frozenset[str], Mapping[str, tuple[str, ...]]]:
-    """(phases, caches named by context) from runner/data/cache_control.toml."""
+def _rules() -> tuple[frozenset[str], Mapping[str, CacheRead]]:
+    """(phases, cache reads by context) from runner/data/cache_control.toml."""
     path = Path(str(resources.files("runner.data").joinpath("cache_control.toml")))
     reader = strict(read_toml(path), ("phases", "during"), str(path))
-    during = {row.text("context"): tuple(row.texts("caches", required=True)) for row in reader.rows("during")}
+    during = {}
+    for row in reader.rows("during"):
+        if extra := sorted(set(row.data) - {"context", "caches", "flag"}):
+            raise row.fail(f"unknown key {extra[0]!r}")
+        read = CacheRead(tuple(row.texts("caches", required=True)), row.text("flag", ""))
+        if read.flag:
+            flag_table().resolve(read.flag)  # a flag the table does not know is named at once
+        during[row.text("context")] = read
     return frozenset(reader.texts("phases", required=True)), during
 
 
-def why(attempts: list[Attempt]) -> str:
+def _read(attempt: Attempt, command: ServeCommand) -> CacheRead | None:
+    """The cache read the attempt's failure was met in (None: none, or none this command makes)."""
+    read = _rules()[1].get(attempt.during)
+    return read if read is not None and read.applies(command) else None
+
+
+def why(attempts: list[Attempt], command: ServeCommand) -> str:
     """Why these attempts call for the control ("" when they do not): the condition, in words."""
     failed = [a for a in attempts if a.phase and not a.foreign]
-    phases, during = _rules()
+    phases = _rules()[0]
     moved = list(dict.fromkeys(a.phase for a in failed if a.phase != UNKNOWN_PHASE))  # unknown: no phase to move
     if len(moved) > 1:
         return f"the failure moves between phases ({', '.join(moved)})"
     if any(a.phase in phases for a in failed):
         return f"the failure is in {failed[0].phase}"
-    if read := next((a.during for a in failed if a.during in during), ""):
+    if read := next((a.during for a in failed if _read(a, command)), ""):
         return f"the failure was met during {read}"
     return ""
 
 
 async def run(ctx: RunContext, command: ServeCommand) -> None:
     """The control launch, when the attempts call for it; settles caches_not_stale either way it goes."""
-    reason = why(ctx.attempts)
+    reason = why(ctx.attempts, command)
     if not reason:
         return
     failed = [a for a in ctx.attempts if a.phase and not a.foreign]
@@ -77,7 +102,7 @@ async def run(ctx: RunContext, command: ServeCommand) -> None:
     got = await proxies.repeat(ctx, target, control)
     answered = not got.phase and not got.signature
     surveyed = await asyncio.to_thread(caches_section, os.environ, redactor())  # now: the failures may have written
-    suspects = stale_suspects(surveyed["caches"], target)
+    suspects = stale_suspects(surveyed["caches"], _read(target, command))
     if answered:
         where = ", ".join(path for _, path in suspects) or "the engine's caches (runner/data/caches.toml)"
         ctx.stale_caches = tuple(path for _, path in suspects)
@@ -110,12 +135,12 @@ async def run(ctx: RunContext, command: ServeCommand) -> None:
     await ctx.check(pb.CHECKLIST_ID_CACHES_NOT_STALE, state, evidence)
 
 
-def stale_suspects(caches: list[dict[str, Any]], target: Attempt) -> list[tuple[str, str]]:
+def stale_suspects(caches: list[dict[str, Any]], read: CacheRead | None) -> list[tuple[str, str]]:
     """(cache name, redacted path) of the caches a stale-cache finding names, from a survey of them
     (runner/fingerprint/caches.py): those the failure's context points at (the ones holding anything first), else
     every one that holds anything."""
     located = [c for c in caches if c.get("path")]
     held = [c for c in located if c.get("exists") and c.get("entries")]
-    named = _rules()[1].get(target.during, ())
+    named = read.caches if read is not None else ()
     pointed = [c for c in held if c.get("name") in named] or [c for c in located if c.get("name") in named]
     return [(str(c["name"]), str(c["path"])) for c in pointed or held]
