@@ -54,7 +54,7 @@ EXPECTED = {
     "cudagraph-capture": Expected("continue", None, ("engine_init", "oom", "CUDA out of memory"), launches=4),
     # two failures (one repeat's proxy showed another error, so the real one was made) and the control: a proxy
     # with fresh caches answers, so the real configuration is launched with fresh caches too, and answers
-    "stale-jit-cache": Expected("continue", None, ("engine_init", "other", "an illegal memory access"), launches=5),
+    "stale-jit-cache": Expected("continue", None, ("engine_init", "compile", "an illegal memory access"), launches=5),
     "demo": Expected("continue", None, ("gpu_detect", "nccl_comm", "NCCL error: unhandled system error")),
     "flaky-phases": Expected("isolate", None, ("weight_load", "driver_cuda_init", "uncorrectable ECC error")),
     "healthy": Expected("continue", None, None),
