@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from bot import blocks
 from bot.bundle import export_bundle
 from bot.handoff import run_handoff
+from bot.record import RunRecord
 from bot.report import run_report
 from bot.store import Store
 from protos import runner_pb2 as pb
@@ -75,6 +77,10 @@ async def test_a_stale_jit_cache_fails_differently_each_start_and_the_fresh_cach
     assert report["checklist"]["caches_not_stale"]["state"] == "fails"
     artifact = json.loads(next(e.artifact.content for e in events if e.artifact.name == "fresh_caches_control"))
     assert artifact["outcome"] == "answered" and artifact["suspects"] == [{"cache": "flashinfer", "path": where}]
+    thread = blocks.checklist(RunRecord.replay("run", events)).text + json.dumps(
+        blocks.checklist(RunRecord.replay("run", events)).blocks
+    )
+    assert "caches_not_stale" in thread and f"clear {where}" in thread  # the thread's checklist shows the finding
 
 
 async def test_an_engine_init_failure_that_fails_the_same_with_fresh_caches_is_not_the_caches(

@@ -110,8 +110,8 @@ async def run(ctx: RunContext, command: ServeCommand) -> None:
         fresh = f"a fresh {names} cache starts" if names else "fresh caches start"
         state, evidence = (
             FAILS,
-            f"{fresh}: with new, empty caches the launch answers, where with the host's caches {reason}; "
-            f"the host's cache is stale: clear {where}",
+            f"{fresh}; the host's cache is stale: clear {where} (with new, empty caches the launch answers, where "
+            f"with the host's caches {reason})",
         )
     elif got.foreign:
         state, evidence = PENDING, "the control launch started while other processes held GPU memory: not evidence"
