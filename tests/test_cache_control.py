@@ -63,7 +63,7 @@ async def test_a_stale_jit_cache_fails_differently_each_start_and_the_fresh_cach
     errors = [e.first_error for e in events if e.HasField("first_error")]
     assert {to_id(pb.Phase, e.phase) for e in errors} == {"engine_init"} and len({e.signature for e in errors}) == 2
     state, evidence = _checklist(events)["caches_not_stale"]
-    where = str(host_caches / "flashinfer")
+    where = str(host_caches / "flashinfer" / ".cache" / "flashinfer")  # under FLASHINFER_WORKSPACE_BASE
     assert state == pb.CHECKLIST_STATE_FAILS and f"the host's cache is stale: clear {where}" in evidence
     assert evidence.startswith("a fresh flashinfer cache starts")
     assert _controls(events)  # the control ran: a proxy first, then the real configuration confirmed it

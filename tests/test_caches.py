@@ -118,3 +118,13 @@ def test_a_cache_moved_by_its_variable_is_found_there(tmp_path: Path, name: str)
     (moved / "x").mkdir(parents=True)
     caches = _by_name(collect(NoNvml(), None, environ={**_home(tmp_path), name: str(moved)}))
     assert caches["triton"]["path"] == str(moved) and caches["triton"]["entries"] == 1
+
+
+def test_flashinfers_variable_names_the_folder_its_cache_is_kept_under(tmp_path: Path) -> None:
+    """FLASHINFER_WORKSPACE_BASE is a base: FlashInfer appends .cache/flashinfer (a cache to clear, never $HOME)."""
+    base = tmp_path / "base"
+    (base / ".cache" / "flashinfer" / "kernel.so").parent.mkdir(parents=True)
+    (base / ".cache" / "flashinfer" / "kernel.so").write_bytes(b"x")
+    caches = _by_name(collect(NoNvml(), None, environ={**_home(tmp_path), "FLASHINFER_WORKSPACE_BASE": str(base)}))
+    assert caches["flashinfer"]["path"] == str(base / ".cache" / "flashinfer") and caches["flashinfer"]["entries"] == 1
+    assert caches["flashinfer"]["from"] == "FLASHINFER_WORKSPACE_BASE"

@@ -128,7 +128,11 @@ async def test_shipped_scenario_reaches_its_verdict(tmp_path: Path, name: str) -
         ("leftover-process", "the OOM is secondary", "free the GPUs first (pid 4242"),
         ("old-driver", "the baseline blocks this scene", "fix the scene first"),
         ("flaky-phases", "the environment is unstable", "rerun the frozen case on an isolated node"),
-        ("stale-jit-cache", "a fresh flashinfer cache starts", "/host-flashinfer (or move it aside) and start again"),
+        (
+            "stale-jit-cache",
+            "a fresh flashinfer cache starts",
+            "/host-flashinfer/.cache/flashinfer (or move it aside) and start again",
+        ),
         ("healthy", "did not reproduce: every ladder step held, the deployment as written included", "--log"),
         (
             "demo",

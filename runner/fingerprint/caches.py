@@ -38,6 +38,7 @@ class CacheSpec:
     name: str
     env: str
     defaults: tuple[str, ...]
+    env_subdir: str = ""  # where the cache is under the folder `env` names ("": that folder itself)
 
 
 @cache
@@ -47,14 +48,24 @@ def cache_specs() -> tuple[CacheSpec, ...]:
     specs = []
     for index, table in enumerate(data.get("cache") or []):
         reader = TomlReader(table, f"{path} cache #{index + 1}")
-        specs.append(CacheSpec(reader.text("name"), reader.text("env"), tuple(reader.texts("defaults"))))
+        specs.append(
+            CacheSpec(
+                reader.text("name"),
+                reader.text("env"),
+                tuple(reader.texts("defaults")),
+                reader.text("env_subdir", ""),
+            )
+        )
     return tuple(specs)
 
 
 def location(spec: CacheSpec, environ: Mapping[str, str]) -> tuple[str | None, str]:
     """(path, how it was found: the env var's name or "default"); (None, why) when no default can be spelt."""
     if environ.get(spec.env):
-        return _expand(environ[spec.env], environ), spec.env
+        base = _expand(environ[spec.env], environ)
+        if base is not None and spec.env_subdir:
+            base = f"{base.rstrip('/')}/{spec.env_subdir}"
+        return base, spec.env
     for default in spec.defaults:
         path = _expand(default, environ)
         if path is not None:

@@ -28,10 +28,18 @@ class JitCache:
 
 
 def folder(cache: str) -> Path | None:
-    """Where this launch's `cache` is (None when its variables leave it nowhere)."""
+    """Where this launch's `cache` keeps the simulator's kernels (None when its variables leave it nowhere)."""
     spec = next(s for s in cache_specs() if s.name == cache)
     path, _ = location(spec, os.environ)
     return Path(path) / KERNELS if path else None
+
+
+def _unused(cache: str, kernels: Path) -> bool:
+    """Whether nothing of this cache exists yet: neither it nor the folder its variable names (a control
+    launch's, which the runner made empty)."""
+    spec = next(s for s in cache_specs() if s.name == cache)
+    named = os.environ.get(spec.env)
+    return not kernels.parent.exists() and not (named and Path(named).expanduser().exists())
 
 
 def stale_error(jit: JitCache, launch: int) -> str:
@@ -39,7 +47,7 @@ def stale_error(jit: JitCache, launch: int) -> str:
     kernels = folder(jit.cache)
     if kernels is None:
         return ""
-    if jit.left_by and not kernels.parent.exists():  # this host's cache, as the older image left it
+    if jit.left_by and _unused(jit.cache, kernels):  # this host's cache, as the older image left it
         write(jit.cache, jit.left_by)
     if not kernels.is_dir():
         return ""
