@@ -23,6 +23,10 @@ CHUNK_LINES = 200  # a log chunk is sent when this many lines wait ...
 CHUNK_INTERVAL_S = 1.0  # ... or this long after its first line, or before it would weigh LOG_CHUNK_BYTES
 LINE_OVERHEAD_BYTES = 8  # what a line costs in a LogChunk besides its text (its tag and length)
 ERROR_WAIT_S = 3.0  # after a failed answer, how long the engine's log gets to show why (a limit)
+# How long a quiet log leaves open what the analyzer still holds (an error waiting for the line that places it or
+# ends its message): an engine that logs its error and then hangs, as ranks waiting on a dead peer do, writes no
+# such line, and its error must not wait for the stall limit.
+QUIET_SETTLE_S = 3.0
 # uvicorn's access line, written on stdout as the response starts, after every line vLLM (also on stdout) logged
 # for the request: once it has been read, so have they (reference/vllm.md §2)
 # possessive: a long line of non-spaces after a `"GET /` must not be re-scanned from every split (linear)
@@ -47,6 +51,7 @@ class LogFollower:
         self._pending: list[str] = []
         self._pending_bytes = 0  # what the pending lines weigh in a LogChunk
         self._pending_since = 0.0
+        self._last_line_at = clock.now()
         self._fed = 0  # lines given to the analyzer (its findings carry the line number)
         self._stop_line: int | None = None  # lines fed when the runner began to stop the engine
         self._answered: Counter[str] = Counter()  # access lines read, by request path
@@ -80,8 +85,9 @@ class LogFollower:
                 weight = len(text.encode("utf-8", "surrogatepass")) + LINE_OVERHEAD_BYTES
                 if self._pending_bytes + weight > LOG_CHUNK_BYTES:  # a burst is cut in chunks under the gRPC limit
                     await self._flush()
+                self._last_line_at = self.clock.now()
                 if not self._pending:
-                    self._pending_since = self.clock.now()
+                    self._pending_since = self._last_line_at
                 self._pending.append(text)
                 self._pending_bytes += weight
                 if len(self._pending) >= CHUNK_LINES:
@@ -110,6 +116,9 @@ class LogFollower:
             await self.clock.poll(CHUNK_INTERVAL_S / 2)
             if self._pending and self.clock.now() - self._pending_since >= CHUNK_INTERVAL_S:
                 await self._flush()
+            if not self.first_error.done() and self.clock.now() - self._last_line_at >= QUIET_SETTLE_S:
+                for finding in self.analyzer.settle():
+                    await self._found(finding)
 
     async def _flush(self) -> None:
         if self._pending:
