@@ -7,6 +7,7 @@ COPY pyproject.toml README.md ./
 COPY protos protos
 COPY runner runner
 COPY bot bot
+COPY vllm_sim vllm_sim
 RUN python -m venv /opt/k3repro && /opt/k3repro/bin/pip install .
 
 FROM python:3.11-slim AS base

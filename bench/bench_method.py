@@ -32,8 +32,8 @@ from typing import Any
 from bot.commands.demo import demo
 from bot.store import Store
 from protos import runner_pb2 as pb
-from runner.sim.catalog import catalog
-from runner.sim.scenario import builtin_scenarios, load_scenario, scenario_path
+from vllm_sim.catalog import catalog
+from vllm_sim.scenario import builtin_scenarios, load_scenario, scenario_path
 
 LOAD_MINUTES = 15
 GPUS = 8

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.journal import RETENTION_KEYS, Retention, read_retention
-from runner.sim.catalog import catalog
-from runner.sim.scenario import load_scenario, scenario_path
+from runner.plugins import engine_plugin
 from runner.toml_reader import ConfigError, TomlReader, read_toml, strict
 
 BACKENDS = ("docker", "kubernetes", "process", "sim")
@@ -209,9 +208,8 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
     if backend not in BACKENDS:
         raise ConfigError(f"{origin} [engine]: backend {backend!r} is not one of {', '.join(BACKENDS)}")
     scenario = sim_reader.text("scenario", "")
-    if scenario:
-        scenario = str(scenario_path(scenario, base))
-        load_scenario(scenario, catalog().phases())  # a broken scenario is refused now, not at every launch
+    if scenario:  # resolved and read now: a broken scenario is refused here, not at every launch
+        scenario = engine_plugin("sim").scenario(scenario, base)
     defaults = EngineConfig()
     # Only the process backend runs programs of this host: the others keep the list unresolved (a docker or sim
     # host need not have vllm installed).

@@ -2,7 +2,7 @@
 namespace created, read, listed by label and field selector, deleted with a grace period, their log followed),
 each created Pod checked against the Kubernetes schemas, and a kubelet for one node that admits Pods against its
 GPUs as the device plugin would and runs the container as a local process: the vLLM image's entrypoint
-(`vllm serve`) is vllm-sim (`python -m runner.sim serve ARGS`), its Pod IP 127.0.0.1.
+(`vllm serve`) is vllm-sim (`python -m vllm_sim serve ARGS`), its Pod IP 127.0.0.1.
 
 It serves from its own thread and event loop, as a real API server is another process: the runner's clean-up
 at start-up calls it synchronously from the daemon's loop.
@@ -237,10 +237,10 @@ class KubeApi:
         env = {
             **os.environ,
             "VLLM_SIM_SPEED": str(self.speed),
-            "VLLM_SIM_SCENARIO": str(ROOT / "runner/sim/data/scenarios" / f"{self.scenario}.toml"),
+            "VLLM_SIM_SCENARIO": str(ROOT / "vllm_sim/data/scenarios" / f"{self.scenario}.toml"),
             **{e["name"]: e["value"] for e in container.get("env", [])},
         }
-        command = [sys.executable, "-m", "runner.sim", "serve", *container.get("args", [])]
+        command = [sys.executable, "-m", "vllm_sim", "serve", *container.get("args", [])]
         pod.process = await asyncio.create_subprocess_exec(
             *command,
             stdout=asyncio.subprocess.PIPE,

@@ -16,7 +16,6 @@ from bot.store import AsyncStore
 from protos import runner_pb2 as pb
 from runner.baseline import BaselineError, load_baseline
 from runner.config import parse_runner_config
-from runner.engines.sim import SimBackend
 from runner.fingerprint.document import seal, to_text
 from runner.stages import baseline as baseline_stage
 from runner.stages import freeze
@@ -24,6 +23,7 @@ from runner.stages.context import RunContext
 from runner.tls import DevCerts
 from runner.vllm_cli import parse_launch_command
 from tests.k3fixtures import bot_config, runner_data, running_runner
+from vllm_sim.backend import SimBackend
 
 GOOD: dict[str, Any] = {
     "schema": 1,

@@ -25,12 +25,12 @@ from runner.config import KubernetesSettings
 from runner.engines.fresh_caches import CONTAINER_ROOT, redirect
 from runner.engines.kubernetes import pod_manifest
 from runner.fingerprint.caches import cache_specs
-from runner.sim import jit_cache
 from runner.stages.cache_control import SOURCE, why
 from runner.stages.context import Attempt
 from runner.tls import DevCerts
 from runner.vllm_cli import parse_launch_command
 from tests.k3fixtures import bot_core, finished_run, run_to_end, runner_data
+from vllm_sim import jit_cache
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ def test_runner_config_resolves_paths_next_to_the_file(tmp_path: Path) -> None:
     assert config.tls is not None and config.tls.client_ca == tmp_path / "certs/ca.pem"
     assert config.journal_path == tmp_path / "state" / "journal.sqlite"
     assert (config.engine.backend, config.engine.sim_speed) == ("sim", 10.0)
-    assert config.engine.sim_scenario.endswith("runner/sim/data/scenarios/demo.toml")  # a built-in, by name
+    assert config.engine.sim_scenario.endswith("vllm_sim/data/scenarios/demo.toml")  # a built-in, by name
     assert config.labels == ("isolated",)
 
 

@@ -32,7 +32,7 @@ from tests.registry import running_registry
 ROOT = Path(__file__).resolve().parent.parent
 SIM_IMAGE = "k3repro/vllm-sim:test"
 # The image is busybox plus a `vllm` that execs vllm-sim with this machine's Python, mounted read-only.
-VLLM = '#!/bin/sh\n[ "$1" = serve ] && shift\nexec "$K3REPRO_SIM_PYTHON" -m runner.sim serve "$@"\n'
+VLLM = '#!/bin/sh\n[ "$1" = serve ] && shift\nexec "$K3REPRO_SIM_PYTHON" -m vllm_sim serve "$@"\n'
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def _docker_engine(scenario: str, *, gpus: bool) -> dict[str, Any]:
             "volumes": [f"{path}:{path}:ro" for path in sorted(mounts)],
             "env": {
                 "K3REPRO_SIM_PYTHON": sys.executable,
-                "VLLM_SIM_SCENARIO": str(ROOT / "runner/sim/data/scenarios" / f"{scenario}.toml"),
+                "VLLM_SIM_SCENARIO": str(ROOT / "vllm_sim/data/scenarios" / f"{scenario}.toml"),
                 "VLLM_SIM_SPEED": "500",
             },
         },

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import runner.sim
+import vllm_sim
 from bot.runner_client import CHANNEL_OPTIONS, open_channel
 from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
@@ -23,13 +23,13 @@ from runner.config import resolve_executable
 from runner.daemon import SERVER_OPTIONS
 from runner.engines.lines import LINE_LIMIT, LineSplitter
 from runner.engines.process import LAUNCH_ENV, RUN_ID_ENV, ProcessBackend, ProcessEngine
-from runner.engines.sim import SimBackend
 from runner.stages.log_follower import LogFollower
 from runner.tls import DevCerts
 from tests.k3fixtures import bot_core, runner_data
+from vllm_sim.backend import SimBackend
 
 PYTHON = str(resolve_executable(sys.executable))
-SCENARIOS = Path(runner.sim.__file__).parent / "data" / "scenarios"
+SCENARIOS = Path(vllm_sim.__file__).parent / "data" / "scenarios"
 BURST = "INFO:     burst "  # uvicorn's prefix: a line the analyzer reads fast
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.1 GiB"
 ERROR = f"(EngineCore_DP0 pid=9) ERROR 12-03 10:00:01 [core.py:700] {OOM}"
@@ -197,7 +197,7 @@ def _bursting_vllm(folder: Path, lines: int, width: int) -> Path:
         f"    sys.stderr.write(''.join(f'{BURST}{{i:03d}} ' + 'b' * {width} + '\\n' for i in range({lines})))\n"
         "    sys.stderr.flush()\n"
         f"os.environ.update(VLLM_SIM_SPEED='10000', VLLM_SIM_SCENARIO={str(SCENARIOS / 'demo.toml')!r})\n"
-        "os.execv(sys.executable, [sys.executable, '-m', 'runner.sim', 'serve', *sys.argv[2:]])\n"
+        "os.execv(sys.executable, [sys.executable, '-m', 'vllm_sim', 'serve', *sys.argv[2:]])\n"
     )
     program.chmod(0o755)
     return program

@@ -11,10 +11,10 @@ import pytest
 
 from bot.cli import main
 from runner.engines.process import ProcessBackend
-from runner.engines.sim import ScenarioNvml
 from runner.fingerprint import Change, PythonTarget, collect, diff, load_fingerprint, to_text
 from runner.fingerprint.document import MAX_BYTES, seal
 from runner.nvml import GpuInfo, NvmlView, PynvmlSource
+from vllm_sim.backend import ScenarioNvml
 
 HF = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz012345"
 CONTRACT = {

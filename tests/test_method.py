@@ -18,9 +18,9 @@ from protos import runner_pb2 as pb
 from protos.vocab import CHECKLIST, to_id
 from runner.analyzer import analyze_text
 from runner.analyzer.messages import first_error_message
-from runner.sim.scenario import scenario_path
 from runner.tls import DevCerts
 from tests.k3fixtures import bot_config, bot_core, finished_run, run_to_end, runner_data, running_runner
+from vllm_sim.scenario import scenario_path
 
 HOLDS, FAILS, MOOT = pb.CHECKLIST_STATE_HOLDS, pb.CHECKLIST_STATE_FAILS, pb.CHECKLIST_STATE_NOT_APPLICABLE
 

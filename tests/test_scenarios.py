@@ -13,8 +13,8 @@ import pytest
 
 from bot.commands.common import CommandError
 from bot.commands.demo import demo
-from runner.sim.scenario import builtin_scenarios, scenario_path
 from tests.k3fixtures import SIM_SPEED
+from vllm_sim.scenario import builtin_scenarios, scenario_path
 
 # A start-up hang runs slower than the other tests' SIM_SPEED: it must be found as a stall, and the sim's own
 # Python start-up (~0.2 s of the wall, before its first line) counts as engine time: at 2000 it stays far from

@@ -211,7 +211,7 @@ def both(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Served]
     )
     port = free_port(HOST)
     sim_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VLLM_SIM_SPEED": "1000", "PYTHONPATH": str(REPO)}
-    sim_argv = [sys.executable, "-m", "runner.sim", "serve", str(model), *FLAGS, "--host", HOST, "--port", str(port)]
+    sim_argv = [sys.executable, "-m", "vllm_sim", "serve", str(model), *FLAGS, "--host", HOST, "--port", str(port)]
     sim = _serve(sim_argv, sim_env, tmp, "sim", port)
     yield {"real": real, "sim": sim}
 

@@ -9,9 +9,9 @@ import re
 import subprocess
 
 from runner.redact import redactor
-from runner.sim.settings import settings_from
 from runner.vllm_cli import parse_serve_args
 from tests.vllm_cpu import ENV, SERVER_MODULE, vllm_python
+from vllm_sim.settings import settings_from
 
 API_KEY = "ApiKeyNotInLogs0451"
 HF_TOKEN = "hf_ShortTok3n"

@@ -19,10 +19,10 @@ from bot.bundle import export_bundle
 from bot.commands.demo import demo
 from bot.store import Store
 from runner.redact import redactor
-from runner.sim.scenario import scenario_path
 from runner.stacks.dump import dump_pids
 from tests.k3fixtures import SIM_SPEED
 from tests.test_scenarios import STARTUP_HANG_SPEED
+from vllm_sim.scenario import scenario_path
 
 API_KEY = "ApiKeyStacks" + secrets.token_hex(8)
 HF_TOKEN = "hf_" + secrets.token_hex(17)

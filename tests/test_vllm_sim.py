@@ -18,14 +18,14 @@ from typing import Any
 import aiohttp
 import pytest
 
-from runner.sim.catalog import catalog
-from runner.sim.conditions import RequestView, When
-from runner.sim.prefix_cache import PrefixCache
-from runner.sim.scenario import STARTUP_PHASES, Fault, load_scenario
-from runner.sim.settings import UsageError, settings_from
-from runner.sim.sizing import compute_facts
-from runner.sim.startup import script
 from runner.vllm_cli import parse_serve_args
+from vllm_sim.catalog import catalog
+from vllm_sim.conditions import RequestView, When
+from vllm_sim.prefix_cache import PrefixCache
+from vllm_sim.scenario import STARTUP_PHASES, Fault, load_scenario
+from vllm_sim.settings import UsageError, settings_from
+from vllm_sim.sizing import compute_facts
+from vllm_sim.startup import script
 
 SPEED = "1000"  # a whole start-up (about 106 simulated seconds) in about 0.1 s
 PREFIX = re.compile(r"^\((?:APIServer|EngineCore|Worker_TP\d+) pid=\d+\) ")
@@ -89,7 +89,7 @@ class Sim:
         env = {"PATH": "/usr/bin:/bin", "VLLM_SIM_SPEED": speed}
         if scenario:
             env["VLLM_SIM_SCENARIO"] = scenario
-        argv = [sys.executable, "-m", "runner.sim", "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)]
+        argv = [sys.executable, "-m", "vllm_sim", "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)]
         with self._out.open("wb") as out, self._err.open("wb") as err:
             self.process = subprocess.Popen(argv, stdout=out, stderr=err, env=env)
 
@@ -273,7 +273,7 @@ async def test_sigterm_during_startup_exits_0_promptly(sim: StartSim) -> None:
     ],
 )
 def test_command_line_refused_like_argparse(args: list[str], error: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "runner.sim", *args], capture_output=True, text=True, timeout=15)
+    done = subprocess.run([sys.executable, "-m", "vllm_sim", *args], capture_output=True, text=True, timeout=15)
     assert done.returncode == 2
     assert done.stdout == ""  # refused before any log line
     assert done.stderr.startswith("usage: vllm ")
@@ -308,7 +308,7 @@ def test_command_line_refused_like_argparse(args: list[str], error: str) -> None
 def test_invalid_scenario_is_one_line_exit_2(tmp_path: Path, text: str, problem: str) -> None:
     path = write_scenario(tmp_path, text)
     done = subprocess.run(
-        [sys.executable, "-m", "runner.sim", "serve", "m"],
+        [sys.executable, "-m", "vllm_sim", "serve", "m"],
         capture_output=True,
         text=True,
         timeout=15,
@@ -322,7 +322,7 @@ def test_invalid_scenario_is_one_line_exit_2(tmp_path: Path, text: str, problem:
 
 @pytest.mark.parametrize("name", ["demo", "healthy"])
 def test_builtin_scenarios_are_valid(name: str) -> None:
-    path = Path(__file__).parent.parent / "runner" / "sim" / "data" / "scenarios" / f"{name}.toml"
+    path = Path(__file__).parent.parent / "vllm_sim" / "data" / "scenarios" / f"{name}.toml"
     scenario = load_scenario(str(path), catalog().phases())
     assert scenario.description and scenario.host.gpu_count == 8
 
@@ -336,7 +336,7 @@ def test_demo_minimal_launch_dies_of_nccl_on_one_rank(sim: StartSim) -> None:
         "--load-format",
         "fastsafetensors",
     ]
-    out = sim(args, str(Path(__file__).parent.parent / "runner/sim/data/scenarios/demo.toml")).output()
+    out = sim(args, str(Path(__file__).parent.parent / "vllm_sim/data/scenarios/demo.toml")).output()
     assert out.code == 1
     root = [line for line in out.stdout.splitlines() if "RuntimeError: NCCL error: unhandled system error" in line]
     assert root and root[0].startswith("(Worker_TP3 pid=")
@@ -643,7 +643,7 @@ def test_a_flaky_startup_fault_strikes_by_launch_number(tmp_path: Path) -> None:
     seen = []
     for launch in (1, 2, 3, 4, 5, 6):
         done = subprocess.run(
-            [sys.executable, "-m", "runner.sim", "serve", "m", "--port", str(free_port())],
+            [sys.executable, "-m", "vllm_sim", "serve", "m", "--port", str(free_port())],
             capture_output=True,
             timeout=15,
             env={"VLLM_SIM_SCENARIO": scenario, "VLLM_SIM_SPEED": "2000", "VLLM_SIM_LAUNCH": str(launch)},

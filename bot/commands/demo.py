@@ -24,8 +24,7 @@ from bot.render import run_header
 from bot.report import run_report
 from bot.store import Store
 from runner.config import parse_runner_config
-from runner.sim.catalog import catalog
-from runner.sim.scenario import load_scenario, scenario_path
+from runner.plugins import engine_plugin
 from runner.tls import write_dev_certs
 from runner.toml_reader import ConfigError, read_toml
 
@@ -34,7 +33,7 @@ HOST_INSTALL = "host-install"  # what `--launch` runs is the host's own vLLM ins
 
 def run(args: argparse.Namespace) -> int:
     try:
-        scenario = scenario_path(args.scenario)
+        scenario = Path(engine_plugin("sim").scenario(args.scenario))
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
     with _workdir() as tmp:
@@ -78,10 +77,9 @@ async def demo(
     """Runs the whole method on the scenario's deployment (or on a real vLLM's `launch`); returns the run report
     (with `"minimize"`, the minimize run's report, when `minimize` and the ladder named a trigger)."""
     try:
-        deployment = load_scenario(str(scenario), catalog().phases()).deployment
+        deployment = engine_plugin("sim").deployment(str(scenario))
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
-    assert deployment is not None  # a scenario file always has one
     data = data_file()
     certs = write_dev_certs(workdir / "certs")
     runner_data = data["runner"]

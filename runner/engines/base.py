@@ -69,3 +69,8 @@ class EngineBackend(Protocol):
     def remove_leftovers(self, run_ids: set[str]) -> int:
         """Stops whatever runs of a previous runner process left behind (leftovers cause secondary OOMs)."""
         ...
+
+    def scene_files(self) -> dict[str, str]:
+        """Files of the host the frozen scene carries beside the fingerprint, by artifact name (a simulated host's
+        scenario); empty for a real host, whose scene the fingerprint is."""
+        ...

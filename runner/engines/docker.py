@@ -176,6 +176,9 @@ class DockerBackend:
             return DockerEngine(None, _daemon_message(exc))
         return DockerEngine(container)
 
+    def scene_files(self) -> dict[str, str]:
+        return {}
+
     def remove_leftovers(self, run_ids: set[str]) -> int:
         """Removes the containers of runs a previous runner process left unfinished."""
         try:

@@ -429,6 +429,9 @@ class KubernetesBackend:
             raise
         return engine
 
+    def scene_files(self) -> dict[str, str]:
+        return {}
+
     def remove_leftovers(self, run_ids: set[str]) -> int:
         """Deletes the Pods on this node of runs a previous runner process left unfinished, and waits (bounded)
         until they are gone: until then the kubelet counts their GPUs as taken."""

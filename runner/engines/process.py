@@ -246,6 +246,9 @@ class ProcessBackend:
     def command(self, argv: list[str]) -> list[str]:
         return argv
 
+    def scene_files(self) -> dict[str, str]:
+        return {}
+
     def remove_leftovers(self, run_ids: set[str]) -> int:
         return kill_leftovers(run_ids)
 

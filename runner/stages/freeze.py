@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 from typing import Any
 
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
-from runner.engines.sim import SimBackend
 from runner.fingerprint import Change, FixedRequest, collect
 from runner.fingerprint.document import seal
 from runner.stages.context import RunContext, StageResult
@@ -40,9 +38,8 @@ async def run(ctx: RunContext) -> StageResult:
         ctx.request.image = pinned_ref
     ctx.fingerprint = scene
     await ctx.artifact("fingerprint", scene)
-    if isinstance(ctx.backend, SimBackend) and ctx.backend.scenario:
-        # The simulated host is part of the scene: a frozen bundle of a sim run carries it.
-        await ctx.artifact("sim_scenario", await asyncio.to_thread(Path(ctx.backend.scenario).read_text))
+    for name, content in (await asyncio.to_thread(ctx.backend.scene_files)).items():
+        await ctx.artifact(name, content)
     nvml, runtime = scene["nvml"], scene["runtime"]
     if nvml["available"] and nvml["driver_version"]:
         ctx.drivers.append(nvml["driver_version"])

@@ -1,6 +1,6 @@
 """The start-up log, phase by phase, on the simulated clock; it stops where the failure strikes.
 
-The lines and their timing are data (runner/sim/data/log.toml); this module walks them: it expands
+The lines and their timing are data (vllm_sim/data/log.toml); this module walks them: it expands
 per-rank lines, paces them over each phase's duration, draws tqdm bars, binds and opens the port when
 the script says so, and stops before the line the failing process never writes.
 """
@@ -14,14 +14,14 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
 
-from runner.sim import bars
-from runner.sim.catalog import Catalog, ErrorSpec
-from runner.sim.clock import SimClock
-from runner.sim.datafiles import load
-from runner.sim.jit_cache import compile_into, stale_error
-from runner.sim.logwriter import LogWriter, Proc, Procs, Role
-from runner.sim.scenario import STARTUP_PHASES
-from runner.sim.sizing import Facts
+from vllm_sim import bars
+from vllm_sim.catalog import Catalog, ErrorSpec
+from vllm_sim.clock import SimClock
+from vllm_sim.datafiles import load
+from vllm_sim.jit_cache import compile_into, stale_error
+from vllm_sim.logwriter import LogWriter, Proc, Procs, Role
+from vllm_sim.scenario import STARTUP_PHASES
+from vllm_sim.sizing import Facts
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class Failure:
     values: Mapping[str, object] = field(default_factory=dict)
     effect: str = "crash"  # crash | hang
     traceback: bool = True
-    waits: str = ""  # a hang: the collective the rank's process is stuck in (runner/sim/workers/)
+    waits: str = ""  # a hang: the collective the rank's process is stuck in (vllm_sim/workers/)
 
 
 def planned_failure(facts: Facts, catalog: Catalog) -> Failure | None:

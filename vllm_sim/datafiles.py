@@ -1,4 +1,4 @@
-"""The simulator's TOML data under runner/sim/data, read once per process."""
+"""The simulator's TOML data under vllm_sim/data, read once per process."""
 
 from __future__ import annotations
 
@@ -11,5 +11,5 @@ from typing import Any
 @cache
 def load(name: str) -> dict[str, Any]:
     """A data file by name, e.g. "errors.toml"."""
-    text = resources.files("runner.sim").joinpath("data", name).read_text(encoding="utf-8")
+    text = resources.files("vllm_sim").joinpath("data", name).read_text(encoding="utf-8")
     return tomllib.loads(text)

@@ -1,4 +1,4 @@
-"""vLLM's OpenAI-compatible HTTP API, served (runner/sim/http.py) on the socket bound during start-up.
+"""vLLM's OpenAI-compatible HTTP API, served (vllm_sim/http.py) on the socket bound during start-up.
 
 Bodies, status codes, error texts and headers follow vLLM 0.32 (FastAPI on uvicorn) as its CPU build answers
 the same requests (tests/test_sim_follows_real.py compares them), including the uvicorn access log line, so a
@@ -16,14 +16,14 @@ from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
 from typing import Any
 
-from runner.sim.catalog import Catalog
-from runner.sim.datafiles import load
-from runner.sim.engine import Engine, EngineDeadError, FaultResponseError, Generation
-from runner.sim.http import HttpServer, Request, Response, json_response
-from runner.sim.logwriter import LogWriter, Procs
-from runner.sim.metrics import CONTENT_TYPE, Metrics
-from runner.sim.sizing import Facts
-from runner.sim.tokenizer import chat_prompt, detokenize, token_id, token_of, tokenize
+from vllm_sim.catalog import Catalog
+from vllm_sim.datafiles import load
+from vllm_sim.engine import Engine, EngineDeadError, FaultResponseError, Generation
+from vllm_sim.http import HttpServer, Request, Response, json_response
+from vllm_sim.logwriter import LogWriter, Procs
+from vllm_sim.metrics import CONTENT_TYPE, Metrics
+from vllm_sim.sizing import Facts
+from vllm_sim.tokenizer import chat_prompt, detokenize, token_id, token_of, tokenize
 
 
 class BadRequestError(Exception):

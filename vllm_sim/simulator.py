@@ -14,15 +14,15 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from runner.sim.catalog import catalog
-from runner.sim.clock import SimClock
-from runner.sim.datafiles import load
-from runner.sim.engine import Engine
-from runner.sim.failure import hang, write_failure
-from runner.sim.logwriter import LogWriter, Procs
-from runner.sim.server import ApiServer
-from runner.sim.sizing import Facts
-from runner.sim.startup import Startup
+from vllm_sim.catalog import catalog
+from vllm_sim.clock import SimClock
+from vllm_sim.datafiles import load
+from vllm_sim.engine import Engine
+from vllm_sim.failure import hang, write_failure
+from vllm_sim.logwriter import LogWriter, Procs
+from vllm_sim.server import ApiServer
+from vllm_sim.sizing import Facts
+from vllm_sim.startup import Startup
 
 
 async def simulate(facts: Facts, speed: float) -> int:

@@ -4,7 +4,7 @@
 nvidia-smi report; [image] is what a probe finds inside the image (its versions, nvidia-smi in a container); each [[fault]] strikes in a phase with an effect, when all of its [fault.when] conditions
 hold, with a probability drawn from [host].seed and the launch number (so a flaky fault varies from attempt
 to attempt and the same run replays the same way). [model] and [timings] are vllm-sim's own extension: they
-override runner/sim/data/defaults.toml key by key. runner/sim/data/scenarios/healthy.toml documents every
+override vllm_sim/data/defaults.toml key by key. vllm_sim/data/scenarios/healthy.toml documents every
 key; unknown keys are refused, and only [deployment].command is required.
 """
 
@@ -22,11 +22,11 @@ from types import UnionType
 from typing import Any, TypeVar, get_args, get_type_hints
 
 from runner.fingerprint.caches import cache_specs
-from runner.sim.conditions import REQUEST_CONDITIONS, When, number, split_condition
-from runner.sim.datafiles import load
-from runner.sim.jit_cache import JitCache
 from runner.toml_reader import ConfigError, read_toml, strict
 from runner.vllm_cli import FlagSpec, LaunchCommandError, flag_table, parse_launch_command
+from vllm_sim.conditions import REQUEST_CONDITIONS, When, number, split_condition
+from vllm_sim.datafiles import load
+from vllm_sim.jit_cache import JitCache
 
 PHASES = ("gpu_detect", "weight_load", "engine_init", "api_listen", "request")
 STARTUP_PHASES = PHASES[:-1]
@@ -125,13 +125,13 @@ class Fault:
     id: str
     phase: str
     effect: str  # crash | hang | error_response
-    error: str  # a key of runner/sim/data/errors.toml, the text of the error, or "" for none
+    error: str  # a key of vllm_sim/data/errors.toml, the text of the error, or "" for none
     traceback: bool = True
     probability: float = 1.0
     rank: int = 0
     when: When = field(default_factory=When)
     # A hang of a tensor-parallel launch: the collective `rank` is stuck in while the other ranks wait in the
-    # shared-memory broadcast, as their processes' stacks show it (runner/sim/workers/); "": no such processes.
+    # shared-memory broadcast, as their processes' stacks show it (vllm_sim/workers/); "": no such processes.
     waits: str = ""
 
     def strikes(self, seed: int, launch: int, draw: int = 0) -> bool:
@@ -152,7 +152,7 @@ class Scenario:
     model: Model
     timings: Timings
     faults: tuple[Fault, ...]
-    jit_cache: JitCache | None = None  # a JIT kernel cache engine_init reads (runner/sim/jit_cache.py)
+    jit_cache: JitCache | None = None  # a JIT kernel cache engine_init reads (vllm_sim/jit_cache.py)
 
     def check_ranks(self, tensor_parallel_size: int) -> None:
         """A fault on a rank the launch does not have is a scenario that cannot apply: say so."""
@@ -184,8 +184,8 @@ _POSITIVE = frozenset(
 
 
 def builtin_scenarios() -> list[str]:
-    """The names of the scenarios shipped in runner/sim/data/scenarios."""
-    folder = resources.files("runner.sim").joinpath("data", "scenarios")
+    """The names of the scenarios shipped in vllm_sim/data/scenarios."""
+    folder = resources.files("vllm_sim").joinpath("data", "scenarios")
     return sorted(entry.name.removesuffix(".toml") for entry in folder.iterdir() if entry.name.endswith(".toml"))
 
 
@@ -194,7 +194,7 @@ def scenario_path(scenario: str, base: Path = Path()) -> Path:
     if "/" in scenario or scenario.endswith(".toml"):
         path = base / scenario
     else:
-        path = Path(str(resources.files("runner.sim").joinpath("data", "scenarios", f"{scenario}.toml")))
+        path = Path(str(resources.files("vllm_sim").joinpath("data", "scenarios", f"{scenario}.toml")))
     if not path.is_file():
         raise ConfigError(
             f"no sim scenario {scenario!r}: give a scenario file or one of {', '.join(builtin_scenarios())}"

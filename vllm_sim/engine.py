@@ -13,16 +13,16 @@ from collections import Counter, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from runner.sim.catalog import Catalog
-from runner.sim.clock import SimClock
-from runner.sim.conditions import RequestView
-from runner.sim.datafiles import load
-from runner.sim.failure import hang, write_failure
-from runner.sim.logwriter import LogWriter, Procs
-from runner.sim.prefix_cache import PrefixCache
-from runner.sim.scenario import Fault
-from runner.sim.sizing import Facts
-from runner.sim.tokenizer import reply, tokenize
+from vllm_sim.catalog import Catalog
+from vllm_sim.clock import SimClock
+from vllm_sim.conditions import RequestView
+from vllm_sim.datafiles import load
+from vllm_sim.failure import hang, write_failure
+from vllm_sim.logwriter import LogWriter, Procs
+from vllm_sim.prefix_cache import PrefixCache
+from vllm_sim.scenario import Fault
+from vllm_sim.sizing import Facts
+from vllm_sim.tokenizer import reply, tokenize
 
 _EOS = ""  # the end-of-sequence token: counted as generated, never shown
 _HIT_RATE_WINDOW = 1000  # requests in the logged prefix-cache hit rate (vLLM's CachingMetrics)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from runner.vllm_cli import ServeCommand, flag_table
 
 if TYPE_CHECKING:
-    from runner.sim.scenario import Host
+    from vllm_sim.scenario import Host
 
 REQUEST_CONDITIONS = ("prompt_tokens_min", "repeated_prefix", "tools", "concurrency_min")
 _CONDITION = re.compile(r"\s*(>=|<=|!=|==|>|<)?\s*(.*?)\s*")

@@ -10,16 +10,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner.clock import Clock
+from runner.config import EngineConfig
 from runner.engines.process import ProcessBackend, ProcessEngine
 from runner.fingerprint import PythonTarget
 from runner.nvml import GpuInfo, GpuProcess, NvmlView
-from runner.sim.catalog import catalog
-from runner.sim.cli import parse_settings
-from runner.sim.image_root import probe_environment
-from runner.sim.scenario import Host, load_scenario
-from runner.sim.settings import UsageError
 from runner.toml_reader import ConfigError
 from runner.vllm_cli import split_program
+from vllm_sim.catalog import catalog
+from vllm_sim.cli import parse_settings
+from vllm_sim.image_root import probe_environment
+from vllm_sim.scenario import Deployment, Host, load_scenario, scenario_path
+from vllm_sim.settings import UsageError
 
 FOREIGN_PID = 4242  # the simulated leftover process holding memory on every GPU
 
@@ -127,6 +128,36 @@ class SimBackend(ProcessBackend):
             env["VLLM_SIM_SCENARIO"] = self.scenario
         return env
 
+    def scene_files(self) -> dict[str, str]:
+        """The simulated host is part of the scene: a frozen bundle of a sim run carries its scenario."""
+        return {"sim_scenario": Path(self.scenario).read_text(encoding="utf-8")} if self.scenario else {}
+
     def command(self, argv: list[str]) -> list[str]:
         _, args = split_program(argv)
-        return [sys.executable, "-m", "runner.sim", "serve", *args]
+        return [sys.executable, "-m", "vllm_sim", "serve", *args]
+
+
+class SimPlugin:
+    """What the runner and the demo ask of the simulator, through the entry point `k3repro.engines: sim`:
+    neither names a module of it."""
+
+    name = "sim"
+
+    def scenario(self, name: str, base: Path = Path()) -> str:
+        """A scenario by built-in name or file, resolved and read once (a broken one is refused now)."""
+        path = scenario_path(name, base)
+        load_scenario(str(path), catalog().phases())
+        return str(path)
+
+    def deployment(self, scenario: str) -> Deployment:
+        """The scenario's deployment as its cluster runs it (every scenario file has one)."""
+        deployment = load_scenario(scenario, catalog().phases()).deployment
+        if deployment is None:
+            raise ConfigError(f"{scenario}: no [deployment]")
+        return deployment
+
+    def make(self, config: EngineConfig) -> SimBackend:
+        return SimBackend(config.sim_scenario, config.sim_speed)
+
+
+PLUGIN = SimPlugin()

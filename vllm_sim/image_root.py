@@ -11,7 +11,7 @@ import shlex
 import tempfile
 from pathlib import Path
 
-from runner.sim.scenario import Host, Image
+from vllm_sim.scenario import Host, Image
 
 SITE = "site-packages"  # the probe finds packages in sys.path entries ending in -packages (PYTHONPATH first)
 NO_DEVICE = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the "

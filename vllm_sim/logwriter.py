@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import BinaryIO, Literal
 
-from runner.sim.clock import SimClock
+from vllm_sim.clock import SimClock
 
 Stream = Literal["stdout", "stderr"]
 Role = Literal["api", "engine", "worker"]

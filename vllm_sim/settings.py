@@ -11,8 +11,8 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from runner.sim.datafiles import load
 from runner.vllm_cli import ServeCommand
+from vllm_sim.datafiles import load
 
 _HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)")
 

@@ -12,14 +12,14 @@ import asyncio
 import os
 import sys
 
-from runner.sim.catalog import catalog
-from runner.sim.datafiles import load
-from runner.sim.scenario import load_scenario
-from runner.sim.settings import Settings, UsageError, settings_from
-from runner.sim.simulator import simulate
-from runner.sim.sizing import compute_facts
 from runner.toml_reader import ConfigError
 from runner.vllm_cli import LaunchCommandError, parse_serve_args
+from vllm_sim.catalog import catalog
+from vllm_sim.datafiles import load
+from vllm_sim.scenario import load_scenario
+from vllm_sim.settings import Settings, UsageError, settings_from
+from vllm_sim.simulator import simulate
+from vllm_sim.sizing import compute_facts
 
 SCENARIO_ENV = "VLLM_SIM_SCENARIO"
 SPEED_ENV = "VLLM_SIM_SPEED"

@@ -6,10 +6,10 @@ import asyncio
 from collections.abc import Sequence
 from typing import NoReturn
 
-from runner.sim.catalog import Block
-from runner.sim.clock import SimClock
-from runner.sim.logwriter import LogWriter, Procs
-from runner.sim.workers import start_ranks
+from vllm_sim.catalog import Block
+from vllm_sim.clock import SimClock
+from vllm_sim.logwriter import LogWriter, Procs
+from vllm_sim.workers import start_ranks
 
 
 async def write_failure(blocks: Sequence[Block], log: LogWriter, procs: Procs, clock: SimClock) -> None:
@@ -34,7 +34,7 @@ async def write_failure(blocks: Sequence[Block], log: LogWriter, procs: Procs, c
 async def hang(blocks: Sequence[Block], log: LogWriter, procs: Procs, waits: str = "", rank: int = 0) -> NoReturn:
     """Stops making progress for good (a SIGTERM ends it): the failing process writes the fault's text, if
     it has one, on stderr the way NCCL and CUDA print their own warnings, and nothing more. With `waits` (a
-    fault's collective), the TP ranks become processes whose stacks show `rank` stuck in it (runner/sim/workers/)."""
+    fault's collective), the TP ranks become processes whose stacks show `rank` stuck in it (vllm_sim/workers/)."""
     if blocks:
         log.plain(procs.of(blocks[0].role, blocks[0].rank), list(blocks[0].exception))
     workers = start_ranks(len(procs.workers), rank, waits) if waits and procs.workers else []

@@ -1,4 +1,4 @@
-"""The error catalog (runner/sim/data/errors.toml): how each failure reads, process by process.
+"""The error catalog (vllm_sim/data/errors.toml): how each failure reads, process by process.
 
 A failure is a list of blocks in the order vLLM's processes write them: the root cause in the process
 that raised it, then the wrappers other processes add (`EngineCore failed to start.`, `Engine core
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, cast
 
-from runner.sim.datafiles import load
-from runner.sim.logwriter import Role
-from runner.sim.scenario import PHASES
+from vllm_sim.datafiles import load
+from vllm_sim.logwriter import Role
+from vllm_sim.scenario import PHASES
 
 
 @dataclass(frozen=True)

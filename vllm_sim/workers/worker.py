@@ -1,12 +1,12 @@
-"""A simulated rank's busy loop (`python -m runner.sim.workers.worker RANK [COLLECTIVE]`): blocked in COLLECTIVE,
+"""A simulated rank's busy loop (`python -m vllm_sim.workers.worker RANK [COLLECTIVE]`): blocked in COLLECTIVE,
 or, without one, in the shared-memory broadcast, until the engine is stopped."""
 
 from __future__ import annotations
 
 import sys
 
-from runner.sim.workers.distributed.device_communicators.pynccl import PyNcclCommunicator
-from runner.sim.workers.distributed.device_communicators.shm_broadcast import MessageQueue
+from vllm_sim.workers.distributed.device_communicators.pynccl import PyNcclCommunicator
+from vllm_sim.workers.distributed.device_communicators.shm_broadcast import MessageQueue
 
 
 def worker_busy_loop(rank: int, collective: str) -> None:

@@ -13,9 +13,9 @@ import math
 import os
 from dataclasses import dataclass
 
-from runner.sim.datafiles import load
-from runner.sim.scenario import Scenario
-from runner.sim.settings import Settings
+from vllm_sim.datafiles import load
+from vllm_sim.scenario import Scenario
+from vllm_sim.settings import Settings
 
 GIB = 1 << 30
 

@@ -24,7 +24,7 @@ def start_ranks(tensor_parallel_size: int, hung_rank: int, collective: str) -> l
             [
                 TITLE.format(rank=rank),
                 "-m",
-                "runner.sim.workers.worker",
+                "vllm_sim.workers.worker",
                 str(rank),
                 collective if rank == hung_rank else "",
             ],
