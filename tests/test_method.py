@@ -19,7 +19,7 @@ from protos.vocab import CHECKLIST, to_id
 from runner.analyzer import analyze_text
 from runner.analyzer.messages import first_error_message
 from runner.tls import DevCerts
-from tests.k3fixtures import bot_config, bot_core, finished_run, run_to_end, runner_data, running_runner
+from tests.k3fixtures import KIMI_LAUNCH, bot_config, bot_core, finished_run, run_to_end, runner_data, running_runner
 from vllm_sim.scenario import scenario_path
 
 HOLDS, FAILS, MOOT = pb.CHECKLIST_STATE_HOLDS, pb.CHECKLIST_STATE_FAILS, pb.CHECKLIST_STATE_NOT_APPLICABLE
@@ -148,6 +148,20 @@ async def test_healthy_deployment_reports_that_nothing_failed(certs: DevCerts, t
     checks = _checklist(events)
     assert checks["first_error_saved"] == (MOOT, "nothing failed: every stage and ladder step held")
     assert _finished(events).decision == pb.DECISION_CONTINUE
+
+
+async def test_a_deployment_that_turns_prefix_caching_off_gets_no_prefix_caching_probe(
+    certs: DevCerts, tmp_path: Path
+) -> None:
+    """Nothing to add back: a cache miss on a server without prefix caching would say nothing, and cost a launch."""
+    runner = runner_data(certs, tmp_path / "runner", scenario="healthy")
+    events = await run_to_end(
+        certs, tmp_path, runner, launch=KIMI_LAUNCH.replace("--enable-prefix-caching", "--no-enable-prefix-caching")
+    )
+    steps = {step: (outcome, relaunched) for step, outcome, relaunched in _ladder(events)}
+    assert steps["prefix_caching"] == ("not_applicable", False)
+    assert not any(e.launch_started.source.startswith("ladder/prefix_caching") for e in events)
+    assert steps["as_written"] == ("ok", True)
 
 
 async def test_leftover_process_makes_the_oom_secondary_and_the_launches_no_evidence(

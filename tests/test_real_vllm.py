@@ -185,6 +185,7 @@ async def test_a_failure_only_a_flag_the_minimal_launch_strips_causes_is_found_o
     assert_repeated_failure(report, events, "engine_init", report["first_error"]["category"])
     assert "NIXL is not available" in report["first_error"]["line"]
     assert report["trigger_step"] == "kv_transfer" and ladder(report)["kv_transfer"] == "crash"
+    assert ladder(report)["prefix_caching"] == "not_applicable"  # the deployment turns it off itself
     step = next(e.ladder_step for e in events if e.ladder_step.step == "kv_transfer")
     assert list(step.added) == [f"--kv-transfer-config {transfer}"]
     assert stage(events, pb.STAGE_MINIMAL_LAUNCH).status == pb.STAGE_STATUS_OK

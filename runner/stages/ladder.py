@@ -151,6 +151,10 @@ async def _step(ctx: RunContext, spec: LadderSpec, step: StepSpec, source: str =
         return StepOutcome(
             step.id, pb.LADDER_OUTCOME_NOT_APPLICABLE, f"the deployment sets no {step.title} flags", relaunched=False
         )
+    if step.flags and desired.same_configuration(stable) and step.probe == "repeated_prefix":
+        # The deployment turns the feature off itself, as the minimal launch does: a cache miss would say nothing.
+        reason = f"the deployment turns {step.title} off, as the minimal launch does: nothing to add back"
+        return StepOutcome(step.id, pb.LADDER_OUTCOME_NOT_APPLICABLE, reason, relaunched=False)
     if step.probe == "tools" and desired == stable and not _features(ctx, step):
         return StepOutcome(step.id, pb.LADDER_OUTCOME_NOT_APPLICABLE, _no_features(step), relaunched=False)
     outcome = await _tested(ctx, spec, step, desired, source or f"ladder/{step.id}")
