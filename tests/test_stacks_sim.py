@@ -52,6 +52,7 @@ async def test_the_rank_hung_in_all_reduce_is_named_and_no_planted_secret_leaves
     assert "ranks 0-4, 6-7 wait in shm broadcast (acquire_read" in error["stacks"][0]
     assert sum(line.startswith("rank ") for line in error["stacks"][1:]) == 8  # every rank was dumped
     assert f"Where it waits: {error['stacks'][0]}" in printed  # the terminal shows the finding
+    assert f"; where it waits: {error['stacks'][0]}" in report["verdict_line"]  # and the verdict says it first
     store = Store(tmp_path / "demo" / "k3repro.db")
     run = store.runs()[0]
     members = _members(export_bundle(store, run.id).to_bytes())
@@ -123,3 +124,4 @@ async def test_a_request_that_never_answers_is_dumped_before_the_engine_is_stopp
     assert error["phase"] == "request" and error["line"].startswith("hang: no progress in request")
     assert error["stacks"][0].startswith("rank 2 differs: waits in all_reduce (pynccl.py:")
     assert "ranks 0-1, 3 wait in shm broadcast" in error["stacks"][0]
+    assert "where it waits: rank 2 differs: waits in all_reduce" in report["verdict_line"]

@@ -29,6 +29,7 @@ class Attempt:
     during: str = ""  # the log stretch it happened in (the analyzer's context, e.g. cudagraph_capture)
     proxy: tuple[str, ...] = ()  # the proxies (runner/data/proxies.toml) of the launch that showed it
     line: str = ""  # the first error's line as logged, when the analyzer found one
+    waits: str = ""  # a hang's: where the engine's processes waited, from their stacks (runner/stacks/)
 
     def same_as(self, other: Attempt | pb.FirstError) -> bool:
         """The one meaning of "the same failure": an equal normalised first-error signature, which carries the

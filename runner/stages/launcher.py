@@ -57,6 +57,7 @@ def attempt_of(ctx: RunContext, error: ErrorFinding) -> Attempt:
         during=error.during,
         proxy=ctx.running_proxies,
         line=error.line,
+        waits=ctx.follower.stacks[0] if ctx.follower is not None and ctx.follower.stacks else "",
     )
 
 

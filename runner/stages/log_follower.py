@@ -67,6 +67,11 @@ class LogFollower:
             self._stop_line = self._fed
 
     @property
+    def stacks(self) -> tuple[str, ...]:
+        """A hang's: where the engine's processes waited, summary first (empty when no hang was dumped)."""
+        return self._stacks
+
+    @property
     def lines_read(self) -> int:
         """Lines the analyzer has been given (its progress times count from the latest)."""
         return self._fed

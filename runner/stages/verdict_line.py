@@ -77,7 +77,7 @@ def _control(ctx: RunContext) -> tuple[pb.ChecklistState, str]:
 def _trigger(ctx: RunContext, step: StepOutcome, failure: Attempt) -> tuple[str, str, list[str]]:
     flags = " ".join(step.added)
     what = flags if flags else f"the {step.step} step"
-    cause = f"{what} makes the engine fail in {failure.phase} [{failure.category}]: {short(failure)}"
+    cause = f"{what} makes the engine fail in {failure.phase} [{failure.category}]: {short(failure)}{_waits(failure)}"
     confirmed = ", confirmed on the real configuration" if "confirmed on the real configuration" in step.detail else ""
     actions = [f"serve without {what}" if flags else f"serve without what the {step.step} step adds"]
     if len(step.added) > 1:
@@ -89,7 +89,7 @@ def _trigger(ctx: RunContext, step: StepOutcome, failure: Attempt) -> tuple[str,
 
 def _early(ctx: RunContext, failed: Attempt) -> tuple[str, str, list[str]]:
     where = "the minimal launch" if ctx.stable is None else "the fixed request"
-    cause = f"{where} fails in {failed.phase} [{failed.category}]: {short(failed)}"
+    cause = f"{where} fails in {failed.phase} [{failed.category}]: {short(failed)}{_waits(failed)}"
     actions: list[str] = []
     if ctx.diagnosis:
         cause += f"; {ctx.diagnosis}"
@@ -105,6 +105,11 @@ def _early(ctx: RunContext, failed: Attempt) -> tuple[str, str, list[str]]:
     if not actions:
         actions.append(f"rerun on an isolated node (/k3repro rerun {ctx.run_id} isolated) to tell software from host")
     return cause, _repeats(ctx), actions
+
+
+def _waits(failure: Attempt) -> str:
+    """Where a hang waited, from the engine's stacks: what an engineer would attach py-spy to find out."""
+    return f"; where it waits: {failure.waits}" if failure.waits else ""
 
 
 def _repeats(ctx: RunContext) -> str:
