@@ -135,6 +135,12 @@ class TomlReader:
             readers.append(TomlReader(row, where))
         return readers
 
+    def only(self, known: Collection[str]) -> TomlReader:
+        """This table, after refusing any key not in `known` (a typo is named as one, with the closest key)."""
+        if (problem := unknown_keys(self.data, known, self.origin)) is not None:
+            raise ConfigError(problem)
+        return self
+
     def unread(self) -> dict[str, Any]:
         """The keys no accessor asked for yet: a row's free-form parameters, after its known keys."""
         return {key: value for key, value in self.data.items() if key not in self.read}

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from runner.stages import ladder, minimize, proxies
+from runner.stages import cache_control, ladder, minimize, proxies
 from runner.toml_reader import ConfigError, TomlReader, packaged
 
 
@@ -68,3 +68,12 @@ def test_a_row_that_is_not_a_table_and_an_unparsable_file_are_one_line_errors() 
         TomlReader({"step": [{"id": "a"}, 3]}, "f.toml").rows("step")
     with pytest.raises(ConfigError, match=r"^runner/data/no-such.toml: "):
         packaged("no-such.toml")
+
+
+def test_a_misspelt_key_in_a_row_is_named_with_the_key_it_meant(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = copy.deepcopy(shipped("cache_control.toml"))
+    data["during"][0]["cachess"] = data["during"][0].pop("caches")
+    problem = refusal(monkeypatch, cache_control, cache_control._rules, "cache_control.toml", data)
+    assert re.fullmatch(
+        r"runner/data/cache_control.toml \[\[during\]\] #1: unknown key 'cachess' \(did you mean 'caches'\?\)", problem
+    )

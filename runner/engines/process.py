@@ -14,10 +14,8 @@ import os
 import secrets
 import shutil
 import signal
-import tomllib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 from runner.clock import Clock
@@ -29,6 +27,7 @@ from runner.fingerprint import PythonTarget
 from runner.nvml import NvmlSource, PynvmlSource
 from runner.stacks.dump import dump_pids
 from runner.stacks.summary import ProcessDump
+from runner.toml_reader import packaged
 
 RUN_ID_ENV = "K3REPRO_RUN_ID"  # marks every process we start, so a restarted runner can find leftovers
 LAUNCH_ENV = "K3REPRO_LAUNCH_ID"  # marks one launch's processes: stop finds those that left its process group
@@ -317,8 +316,8 @@ def kill_leftovers(run_ids: set[str]) -> int:
 
 @functools.cache
 def _environment_allowlist() -> tuple[frozenset[str], tuple[str, ...]]:
-    data = tomllib.loads(resources.files("runner.data").joinpath("engine_env.toml").read_text(encoding="utf-8"))
-    return frozenset(data["names"]), tuple(data["prefixes"])
+    data = packaged("engine_env.toml")
+    return frozenset(data.texts("names", required=True)), tuple(data.texts("prefixes", required=True))
 
 
 def engine_environment(environ: Mapping[str, str]) -> dict[str, str]:

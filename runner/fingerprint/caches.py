@@ -21,12 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from runner.redact import Redactor
-from runner.toml_reader import TomlReader, read_toml
+from runner.toml_reader import packaged
 
 MAX_ENTRIES = 20_000  # per cache: a compile cache has thousands; past this the walk stops and says so
 MAX_SECONDS = 1.5  # per cache: a slow or huge filesystem must not hold the freeze
@@ -43,11 +41,8 @@ class CacheSpec:
 
 @cache
 def cache_specs() -> tuple[CacheSpec, ...]:
-    path = Path(str(resources.files("runner.data").joinpath("caches.toml")))
-    data = read_toml(path)
     specs = []
-    for index, table in enumerate(data.get("cache") or []):
-        reader = TomlReader(table, f"{path} cache #{index + 1}")
+    for reader in packaged("caches.toml").rows("cache"):
         specs.append(
             CacheSpec(
                 reader.text("name"),

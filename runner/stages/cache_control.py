@@ -16,8 +16,6 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from protos import runner_pb2 as pb
@@ -27,7 +25,7 @@ from runner.redact import redactor
 from runner.stages import proxies
 from runner.stages.context import Attempt, RunContext
 from runner.stages.launcher import launch, release
-from runner.toml_reader import read_toml, strict
+from runner.toml_reader import packaged
 from runner.vllm_cli import ServeCommand, flag_table
 
 SOURCE = "minimal_launch/fresh-caches"
@@ -48,12 +46,10 @@ class CacheRead:
 @cache
 def _rules() -> tuple[frozenset[str], Mapping[str, CacheRead]]:
     """(phases, cache reads by context) from runner/data/cache_control.toml."""
-    path = Path(str(resources.files("runner.data").joinpath("cache_control.toml")))
-    reader = strict(read_toml(path), ("phases", "during"), str(path))
+    reader = packaged("cache_control.toml").only(("phases", "during"))
     during = {}
     for row in reader.rows("during"):
-        if extra := sorted(set(row.data) - {"context", "caches", "flag"}):
-            raise row.fail(f"unknown key {extra[0]!r}")
+        row.only(("context", "caches", "flag"))
         read = CacheRead(tuple(row.texts("caches", required=True)), row.text("flag", ""))
         if read.flag:
             flag_table().resolve(read.flag)  # a flag the table does not know is named at once
