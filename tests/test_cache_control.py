@@ -77,9 +77,8 @@ async def test_a_stale_jit_cache_fails_differently_each_start_and_the_fresh_cach
     assert report["checklist"]["caches_not_stale"]["state"] == "fails"
     artifact = json.loads(next(e.artifact.content for e in events if e.artifact.name == "fresh_caches_control"))
     assert artifact["outcome"] == "answered" and artifact["suspects"] == [{"cache": "flashinfer", "path": where}]
-    thread = blocks.checklist(RunRecord.replay("run", events)).text + json.dumps(
-        blocks.checklist(RunRecord.replay("run", events)).blocks
-    )
+    checklist = blocks.checklist(RunRecord.replay("run", events))
+    thread = checklist.text + json.dumps(checklist.blocks)
     assert "caches_not_stale" in thread and f"clear {where}" in thread  # the thread's checklist shows the finding
 
 
