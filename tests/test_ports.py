@@ -9,6 +9,7 @@ import random
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -26,9 +27,10 @@ RUNNERS = 6  # runner processes launching at once
 LAUNCHES = 40  # launches each
 
 
-def _runner(directory: str, seed: int, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+def _runner(directory: str, seed: int, out: multiprocessing.Queue, done: Any) -> None:  # type: ignore[type-arg]
     """A runner's launches: reserve, start the engine a moment later (it binds the port and listens), live a
-    while, stop. Reports the ports and every bind that failed (another launch's engine had the port)."""
+    while, stop. Reports the ports and every bind that failed (another launch's engine had the port), then keeps
+    its last engines until every runner has reported (`done`), so the ports reported are all held at once."""
     rng = random.Random(seed)
     held: list[tuple[PortReservation, socket.socket]] = []
     got, clashes = [], 0
@@ -49,6 +51,7 @@ def _runner(directory: str, seed: int, out: multiprocessing.Queue) -> None:  # t
             sock.close()
             old.release()
     out.put((got, clashes, [r.port for r, _ in held]))
+    done.wait(60)
     for reservation, sock in held:
         sock.close()
         reservation.release()
@@ -56,11 +59,12 @@ def _runner(directory: str, seed: int, out: multiprocessing.Queue) -> None:  # t
 
 def test_runners_launching_at_once_never_share_a_port(tmp_path: Path) -> None:
     context = multiprocessing.get_context("fork")
-    out = context.Queue()
-    workers = [context.Process(target=_runner, args=(str(tmp_path), n, out)) for n in range(RUNNERS)]
+    out, done = context.Queue(), context.Event()
+    workers = [context.Process(target=_runner, args=(str(tmp_path), n, out, done)) for n in range(RUNNERS)]
     for worker in workers:
         worker.start()
     results = [out.get(timeout=60) for _ in workers]
+    done.set()
     for worker in workers:
         worker.join(timeout=10)
     assert sum(len(got) for got, _, _ in results) == RUNNERS * LAUNCHES
