@@ -5,6 +5,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY protos protos
+COPY kernel kernel
 COPY runner runner
 COPY bot bot
 COPY vllm_sim vllm_sim

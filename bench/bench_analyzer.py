@@ -38,7 +38,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from runner.analyzer import StreamAnalyzer, default_rules, scan  # noqa: E402
+from kernel.analyzer import StreamAnalyzer, default_rules, scan  # noqa: E402
 from tests.analyzer_logs import write_log  # noqa: E402
 
 DEFAULT_CORPUS = Path(os.environ.get("K3REPRO_CORPUS", REPO / "tests" / "corpus"))
@@ -132,7 +132,7 @@ def build(logs: dict[str, list[str]], corpus: Path, path: Path, size_mb: int, ki
 _CHILD = """
 import json, resource, sys, time
 sys.path.insert(0, {repo!r})
-from runner.analyzer import analyze_path, analyze_stream
+from kernel.analyzer import analyze_path, analyze_stream
 t = time.perf_counter()
 a = analyze_stream(sys.stdin.buffer) if {pipe!r} else analyze_path({path!r})
 s = time.perf_counter() - t

@@ -15,10 +15,10 @@ from pathlib import Path
 from bot.config import parse_bot_config
 from bot.consumer import follow_run
 from bot.store import AsyncStore, Store
+from kernel.tls import write_dev_certs
 from protos import runner_pb2 as pb
 from runner.config import parse_runner_config
 from runner.daemon import RunnerDaemon
-from runner.tls import write_dev_certs
 
 LINE = "(Worker_TP3 pid=4242) INFO 11-30 09:00:00 [gpu_model_runner.py:2345] Loading weights took 41.07 seconds"
 

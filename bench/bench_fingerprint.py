@@ -18,11 +18,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kernel.redact import redactor
 from runner.fingerprint import ImageTarget, PythonTarget, collect
 from runner.fingerprint.collect import host_facts
 from runner.fingerprint.image import docker_client, inspect_image, probe_image
 from runner.nvml import PynvmlSource
-from runner.redact import redactor
 from tests.dockerd import running_dockerd
 
 IMAGE = "vllm/vllm-openai:kimi-k3"

@@ -22,7 +22,7 @@ from typing import Any
 from bot.minimize import start_minimize
 from bot.report import run_report
 from bot.store import Store
-from runner.tls import write_dev_certs
+from kernel.tls import write_dev_certs
 from tests.k3fixtures import bot_core, finished_run, ignore_event, run_to_end
 from tests.test_real_vllm import IMAGE, REQUEST, launch_line, runner_settings
 from tests.vllm_cpu import ENV, make_model

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bot.store import Store
 from bot.web import serving
-from runner.tls import write_dev_certs
+from kernel.tls import write_dev_certs
 from tests.k3fixtures import bot_config, runner_data, running_runner
 from tests.slack_api import SlackApi, command_body, parent_of, post, signed, slack_config
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bot.slack.outbox import KEY_FIELD, UPLOAD
 from bot.store import Store
-from runner.tls import write_dev_certs
+from kernel.tls import write_dev_certs
 from tests.slack_api import SlackApi
 from tests.slack_crash import killed_run
 

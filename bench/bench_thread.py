@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from runner.tls import write_dev_certs
+from kernel.tls import write_dev_certs
 from tests.k3fixtures import bot_config, runner_data, running_runner
 from tests.slack_api import SlackApi, command_body, parent_of, post, settle, signed, slack_config
 

@@ -11,7 +11,7 @@ says is never launched: a rerun or a minimize run of an imported run launches it
 bot's config holds it, and only when the bundle's (redacted) command is that one (bot/rerun.py,
 configured_launch).
 
-Export passes every member through the one redaction path (runner/redact.py), and keeps only the request
+Export passes every member through the one redaction path (kernel/redact.py), and keeps only the request
 body's sha256 when the run's scene did (`request_bodies = "hash"` on the runner). The run's timeline picture
 (TIMELINE) is drawn from the redacted events, so no text in it escaped that path; import checks only that it
 is a PNG, by its signature, and never decodes, stores or believes it: the events are the record.
@@ -41,8 +41,8 @@ from bot.ids import new_run_id
 from bot.record import LadderStep, RunRecord, StageResult, image_digest
 from bot.report import report
 from bot.store import FINAL, Run, Store
+from kernel.redact import map_strings, printable, redactor
 from protos import runner_pb2 as pb
-from runner.redact import map_strings, printable, redactor
 
 FORMAT = 1
 MANIFEST = "manifest.json"

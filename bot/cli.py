@@ -133,7 +133,7 @@ def _one_line(exc: Exception) -> str | None:
 
     from bot.commands.common import CommandError
     from bot.store import StoreUnavailable
-    from runner.toml_reader import ConfigError
+    from kernel.toml_reader import ConfigError
 
     if isinstance(exc, CommandError | ConfigError | StoreUnavailable):
         return str(exc)

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner.journal import RETENTION_KEYS, Retention, read_retention
-from runner.tls import pem_problem
-from runner.toml_reader import ConfigError, TomlReader, read_toml, strict
+from kernel.retention import RETENTION_KEYS, Retention, read_retention
+from kernel.tls import pem_problem
+from kernel.toml_reader import ConfigError, TomlReader, read_toml, strict
 
 DEFAULT_CONFIG = "k3repro.toml"
 CONFIG_ENV = "K3REPRO_CONFIG"

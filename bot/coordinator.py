@@ -16,10 +16,10 @@ from bot.ids import new_run_id
 from bot.refusal import Refused
 from bot.runner_client import open_channel, rpc_error_text
 from bot.store import ACTIVE, ActiveRunExists, AsyncStore, Change, Run, Store
+from kernel.toml_reader import ConfigError
+from kernel.vllm_cli import LaunchCommandError, parse_launch_command
 from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
-from runner.toml_reader import ConfigError
-from runner.vllm_cli import LaunchCommandError, parse_launch_command
 
 MAX_NOTE_CHARS = 500
 

@@ -6,7 +6,7 @@ a minimal reproducer), filled from what the run recorded: the verdict line, the 
 inside-the-image views), the one-line failing command (a minimize run's result when there is one), the fixed
 request as a `curl` line, the first error with its context, the launches' phase timings and the repeat rate,
 what the ladder ruled out and the isolated reruns' verdicts. Every line leaves through the one redaction path
-(runner/redact.py): the parts by their kind (argv, JSON, text), then the whole document line by line.
+(kernel/redact.py): the parts by their kind (argv, JSON, text), then the whole document line by line.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 from bot.record import RunRecord, image_digest
 from bot.report import report
 from bot.store import Run, Store
-from runner.launches import LaunchSpan
-from runner.redact import printable, redactor
+from kernel.launches import LaunchSpan
+from kernel.redact import printable, redactor
 
 BASE_URL = "http://localhost:8000"
 API_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}

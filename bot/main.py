@@ -16,8 +16,8 @@ from bot.coordinator import Coordinator
 from bot.rerun import RerunOutcome, verdict_lines
 from bot.resume import Shown, resume_active
 from bot.store import AsyncStore, Run
+from kernel.toml_reader import ConfigError
 from protos import runner_pb2 as pb
-from runner.toml_reader import ConfigError
 
 log = logging.getLogger("k3repro.bot")
 

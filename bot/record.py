@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bot.store import FINAL, RUNNING, Run
+from kernel.launches import LaunchFold, LaunchSpan
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
-from runner.launches import LaunchFold, LaunchSpan
 
 
 @dataclass(frozen=True)
@@ -217,7 +217,7 @@ class RunRecord:
 
     @property
     def launches(self) -> list[LaunchSpan]:
-        """Every engine launch so far, with what it reached and how it failed (runner/launches.py)."""
+        """Every engine launch so far, with what it reached and how it failed (kernel/launches.py)."""
         return self.launch_fold.spans
 
     @property

@@ -1,6 +1,6 @@
 """The terminal's view of a run: the same Block Kit blocks Slack gets (bot/blocks.py), printed as text.
 
-What reaches the terminal passes `terminal()`: redacted (the one path, runner/redact.py) and stripped of
+What reaches the terminal passes `terminal()`: redacted (the one path, kernel/redact.py) and stripped of
 control sequences, so neither a secret nor a crafted escape in an engine's log or an imported bundle
 reaches the screen.
 """
@@ -12,8 +12,8 @@ from datetime import UTC
 
 from bot.blocks import EventBlocks, text_lines
 from bot.store import Run
+from kernel.redact import printable, redactor
 from protos import runner_pb2 as pb
-from runner.redact import printable, redactor
 
 INDENT = " " * 11
 PLACEHOLDER = "k3repro show RUN "  # what the blocks say of a long artifact; the terminal knows the run's id

@@ -28,11 +28,11 @@ from bot.isolation import IsolationError, Placement, Provider, make_provider
 from bot.record import RunRecord
 from bot.refusal import Refused
 from bot.store import Run, Store
+from kernel.fingerprint import diff
+from kernel.redact import PLACEHOLDER, redactor
+from kernel.toml_reader import ConfigError
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
-from runner.fingerprint import diff
-from runner.redact import PLACEHOLDER, redactor
-from runner.toml_reader import ConfigError
 
 Started = Callable[[str, Placement], Awaitable[None]]
 _UNSHOWN = re.compile(r"[^\w@%+=:,./\[\]-]")  # what a refusal does not show of a recorded (maybe hostile) word
@@ -45,7 +45,7 @@ def configured_launch(config: BotConfig, run: Run) -> list[str]:
     `--api-key [REDACTED:…]` is another configuration) and, for an imported run, whatever the bundle said.
     Refused (one line, nothing started) when the cluster is not in this config, or when the run's recorded
     command is not the configured one. Both are compared redacted, through the one redaction path
-    (runner/redact.py), a secret's placeholder equal to any other: the redaction key may be another process's."""
+    (kernel/redact.py), a secret's placeholder equal to any other: the redaction key may be another process's."""
     origin = f"run {run.id}" + (" (imported from a bundle)" if is_imported(run) else "")
     cluster = config.clusters.get(run.cluster)
     if cluster is None:

@@ -17,9 +17,9 @@ from bot.coordinator import Coordinator
 from bot.isolation import IsolationError
 from bot.rerun import RerunOutcome, finish_rerun
 from bot.store import Run, Store
+from kernel.toml_reader import ConfigError
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
-from runner.toml_reader import ConfigError
 
 log = logging.getLogger("k3repro.bot")
 

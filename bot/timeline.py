@@ -1,6 +1,6 @@
 """A run's timeline as one PNG: each engine launch a bar split by the phases it reached, the failure marked
 with its category, ladder steps labelled, proxy launches hatched. Drawn from the run's record (its launches,
-runner/launches.py's, the same the runner's engine-time metric counts), so any run the store (or an imported
+kernel/launches.py's, the same the runner's engine-time metric counts), so any run the store (or an imported
 bundle) holds can be drawn, long after its runner is gone.
 """
 
@@ -11,8 +11,8 @@ import threading
 from pathlib import Path
 from typing import IO
 
+from kernel.launches import LaunchSpan
 from protos.vocab import PHASES
-from runner.launches import LaunchSpan
 
 # One colour per phase (matplotlib's tab10, in phase order), so a phase looks the same in every picture.
 COLOURS = dict(zip(PHASES, ("#7f7f7f", "#1f77b4", "#ff7f0e", "#9467bd", "#2ca02c", "#17becf"), strict=True))

@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner.journal import RETENTION_KEYS, Retention, read_retention
+from kernel.retention import RETENTION_KEYS, Retention, read_retention
+from kernel.tls import TlsFiles
+from kernel.toml_reader import ConfigError, TomlReader, read_toml, strict
 from runner.plugins import engine_plugin
-from runner.toml_reader import ConfigError, TomlReader, read_toml, strict
 
 BACKENDS = ("docker", "kubernetes", "process", "sim")
 
@@ -70,13 +71,6 @@ RUNNER_KEYS: dict[str, tuple[str, ...]] = {
     ),
     "metrics": ("listen",),
 }
-
-
-@dataclass(frozen=True)
-class TlsFiles:
-    cert: Path
-    key: Path
-    client_ca: Path | None = None  # set: clients must present a certificate signed by it (mTLS)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from grpc_health.v1 import _async as health_aio  # the module behind grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from kernel.tls import pem_problem, server_credentials
 from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
 from protos.limits import MESSAGE_OPTIONS
@@ -32,7 +33,6 @@ from runner.journal import Journal
 from runner.metrics import RunnerMetrics
 from runner.runs import RunHub
 from runner.service import RunnerService
-from runner.tls import pem_problem, server_credentials
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Runner"].full_name

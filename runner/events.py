@@ -14,9 +14,9 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from kernel.redact import redactor
 from protos import runner_pb2 as pb
 from runner.journal import Journal
-from runner.redact import redactor
 
 
 class JournalWriteError(Exception):

@@ -9,9 +9,9 @@ import logging
 import sys
 from pathlib import Path
 
+from kernel.toml_reader import ConfigError
 from runner.config import RunnerConfig, load_runner_config
 from runner.daemon import DaemonStartError, RunnerDaemon, check_start
-from runner.toml_reader import ConfigError
 
 CONFIG_HELP = "runner.toml"
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from kernel.launches import LaunchFold
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
-from runner.launches import LaunchFold
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Stage durations run from milliseconds (freeze, verdict) to the hour a 1T-parameter model takes to load.

@@ -8,7 +8,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from runner.toml_reader import ConfigError
+from kernel.toml_reader import ConfigError
 
 if TYPE_CHECKING:
     from runner.config import EngineConfig

@@ -11,8 +11,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
+from kernel.baseline import load_baseline
+from kernel.toml_reader import ConfigError
+from kernel.vllm_cli import LaunchCommandError, ServeCommand, ladder_step_ids, parse_launch_command
 from protos import runner_pb2 as pb
-from runner.baseline import load_baseline
 from runner.config import RunnerConfig
 from runner.engines import EngineBackend
 from runner.events import EventLog, JournalWriteError, heartbeat
@@ -21,8 +23,6 @@ from runner.pipeline import execute
 from runner.stages.context import RunContext
 from runner.stages.launcher import release
 from runner.stages.probes import PATHS
-from runner.toml_reader import ConfigError
-from runner.vllm_cli import LaunchCommandError, ServeCommand, ladder_step_ids, parse_launch_command
 
 log = logging.getLogger(__name__)
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")

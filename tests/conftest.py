@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from runner.tls import DevCerts, write_dev_certs
+from kernel.tls import DevCerts, write_dev_certs
 from tests.dockerd import Dockerd, running_dockerd
 from tests.slack_api import SlackApi
 

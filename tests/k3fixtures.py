@@ -13,10 +13,10 @@ from bot.consumer import follow_run
 from bot.coordinator import Coordinator, StartedRun
 from bot.rerun import PlacedRerun, place_rerun
 from bot.store import AsyncStore
+from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
 from runner.config import parse_runner_config
 from runner.daemon import RunnerDaemon
-from runner.tls import DevCerts
 
 KIMI_LAUNCH = (
     "vllm serve moonshotai/Kimi-K3 --tensor-parallel-size 8 --trust-remote-code --load-format fastsafetensors "

@@ -28,8 +28,8 @@ from slack_sdk.signature import SignatureVerifier
 
 from bot.config import BotConfig, SlackConfig
 from bot.web import SLACK_PATH, Served, serving
+from kernel.tls import DevCerts
 from protos.vocab import CHECKLIST_IDS
-from runner.tls import DevCerts
 from tests.k3fixtures import KIMI_LAUNCH, SIM_SPEED, bot_config, runner_data, running_runner
 
 SIGNING_SECRET = "test-signing-secret"

@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 
 from bot.store import ACTIVE, Store
-from runner.tls import DevCerts
+from kernel.tls import DevCerts
 from tests.k3fixtures import runner_data, running_runner
 from tests.slack_api import (
     BOT_TOKEN,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from runner.analyzer import Analysis, analyze_path, analyze_text
+from kernel.analyzer import Analysis, analyze_path, analyze_text
 from tests.test_analyzer_support import CORPUS, SHARED_CORPUS, corpus_labels
 
 LABELS = corpus_labels()

@@ -10,9 +10,9 @@ import json
 
 import pytest
 
+from kernel.analyzer import analyze_path, analyze_text
+from kernel.analyzer.messages import first_error_message
 from protos.vocab import PHASES, UNKNOWN_PHASE
-from runner.analyzer import analyze_path, analyze_text
-from runner.analyzer.messages import first_error_message
 from runner.stages.context import Attempt
 from runner.stages.minimize import START_PHASES
 from runner.stages.proxies import proxies

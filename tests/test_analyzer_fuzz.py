@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from kernel.analyzer import Analysis, InputError, StreamAnalyzer, analyze_stream, analyze_text, default_rules
 from protos.vocab import CATEGORIES, PHASES, UNKNOWN_PHASE
-from runner.analyzer import Analysis, InputError, StreamAnalyzer, analyze_stream, analyze_text, default_rules
 from tests.test_analyzer_support import CORPUS, traceback
 
 PIECES = [

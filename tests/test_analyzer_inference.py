@@ -10,9 +10,9 @@ import io
 
 import pytest
 
-from runner.analyzer import Analysis, ErrorFinding, analyze_lines, analyze_stream
-from runner.analyzer import scan as scan_module
-from runner.analyzer.rules import default_rules
+from kernel.analyzer import Analysis, ErrorFinding, analyze_lines, analyze_stream
+from kernel.analyzer import scan as scan_module
+from kernel.analyzer.rules import default_rules
 from tests.test_analyzer_support import traceback
 
 RULES = default_rules()
@@ -356,7 +356,7 @@ def test_a_serving_log_full_of_cuda_graph_and_nccl_lines_stays_on_the_fast_path(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     pytest.importorskip("hyperscan")
-    from runner.analyzer import StreamAnalyzer
+    from kernel.analyzer import StreamAnalyzer
 
     repeated = [
         "(EngineCore_DP0 pid=4300) DEBUG 11-05 03:20:00 [cuda_graph.py:180] Capturing a cudagraph on (PIECEWISE, 8)",

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bot.commands import analyze
-from runner.analyzer.progress import ProgressLine
+from kernel.analyzer.progress import ProgressLine
 from tests.analyzer_logs import FIRST_ERROR, dense_lines
 
 MIB = 1 << 20

@@ -12,7 +12,7 @@ import pytest
 hypothesis = pytest.importorskip("hypothesis")
 st = pytest.importorskip("hypothesis.strategies")
 
-from runner.analyzer import InputError, StreamAnalyzer, analyze_stream, analyze_text  # noqa: E402
+from kernel.analyzer import InputError, StreamAnalyzer, analyze_stream, analyze_text  # noqa: E402
 from tests.test_analyzer_fuzz import PIECES, check_contract  # noqa: E402
 
 settings = hypothesis.settings(max_examples=150, deadline=None)

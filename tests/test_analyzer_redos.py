@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 
-import runner.analyzer
-from runner.analyzer import StreamAnalyzer, default_rules
-from runner.analyzer.lines import LineParser
-from runner.analyzer.rules import Rules, gate
-from runner.analyzer.signature import normalize
+import kernel.analyzer
+from kernel.analyzer import StreamAnalyzer, default_rules
+from kernel.analyzer.lines import LineParser
+from kernel.analyzer.rules import Rules, gate
+from kernel.analyzer.signature import normalize
 
 _p: Any = importlib.import_module("re._parser")
 _c: Any = importlib.import_module("re._constants")
@@ -76,7 +76,7 @@ def engine_patterns(rules: Rules) -> dict[str, re.Pattern[str]]:
     found = {path.removeprefix("rules."): p for path, p in _walk(rules, "rules") if not path.endswith("_gate")}
     parser = LineParser(rules.line)
     found |= {f"parser.{k}": v for k, v in vars(parser).items() if isinstance(v, re.Pattern)}
-    for info in pkgutil.iter_modules(runner.analyzer.__path__, "runner.analyzer."):
+    for info in pkgutil.iter_modules(kernel.analyzer.__path__, "kernel.analyzer."):
         module = importlib.import_module(info.name)
         found |= {f"{info.name}.{k}": v for k, v in vars(module).items() if isinstance(v, re.Pattern)}
     return found

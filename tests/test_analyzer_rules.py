@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
+from kernel.analyzer import RulesError, analyze_text, default_rules, load_rules
+from kernel.analyzer.rules import ErrorRule, parse_rules
 from protos.vocab import CATEGORIES, PHASES, UNKNOWN_PHASE
-from runner.analyzer import RulesError, analyze_text, default_rules, load_rules
-from runner.analyzer.rules import ErrorRule, parse_rules
 
 RULES = default_rules()
 EXAMPLES = [(rule, example) for rule in RULES.rules for example in rule.examples]
 
 
 def shipped() -> dict[str, Any]:
-    return tomllib.loads(resources.files("runner.analyzer").joinpath("rules.toml").read_text(encoding="utf-8"))
+    return tomllib.loads(resources.files("kernel.analyzer").joinpath("rules.toml").read_text(encoding="utf-8"))
 
 
 def test_every_rule_has_an_example() -> None:
@@ -79,7 +79,7 @@ def test_bad_rules_are_refused_with_the_entry_named(edit: Any, message: str) -> 
 
 def test_load_rules_from_a_file(tmp_path: Path) -> None:
     path = tmp_path / "rules.toml"
-    path.write_text(resources.files("runner.analyzer").joinpath("rules.toml").read_text(encoding="utf-8"))
+    path.write_text(resources.files("kernel.analyzer").joinpath("rules.toml").read_text(encoding="utf-8"))
     assert [r.id for r in load_rules(path).rules] == [r.id for r in RULES.rules]
     path.write_text("version = [")
     with pytest.raises(RulesError, match=str(path)):

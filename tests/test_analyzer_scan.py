@@ -1,4 +1,4 @@
-"""Whole-file analysis (runner.analyzer.scan) jumps over lines; its result must be streaming's, exactly:
+"""Whole-file analysis (kernel.analyzer.scan) jumps over lines; its result must be streaming's, exactly:
 on every corpus log, on generated logs that mix corpus logs with serving noise and traps, and on lines
 built to test the needles' completeness (every rule example, every shape of traceback source line)."""
 
@@ -14,11 +14,11 @@ import pytest
 
 pytest.importorskip("hyperscan")
 
-from runner.analyzer import Analysis, StreamAnalyzer, analyze_lines, analyze_path, analyze_stream
-from runner.analyzer import scan as scan_module
-from runner.analyzer.needles import needles, superset_expression
-from runner.analyzer.reader import InputError, iter_lines
-from runner.analyzer.rules import default_rules
+from kernel.analyzer import Analysis, StreamAnalyzer, analyze_lines, analyze_path, analyze_stream
+from kernel.analyzer import scan as scan_module
+from kernel.analyzer.needles import needles, superset_expression
+from kernel.analyzer.reader import InputError, iter_lines
+from kernel.analyzer.rules import default_rules
 from tests.analyzer_logs import FIRST_ERROR, dense_lines
 from tests.test_analyzer_fuzz import PIECES
 from tests.test_analyzer_support import CORPUS, corpus_labels, traceback

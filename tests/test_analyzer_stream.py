@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from runner.analyzer import ErrorFinding, PhaseFinding, Stall, StreamAnalyzer, analyze_path, analyze_text, default_rules
+from kernel.analyzer import ErrorFinding, PhaseFinding, Stall, StreamAnalyzer, analyze_path, analyze_text, default_rules
 from tests.test_analyzer_support import CORPUS, corpus_labels, feed_all, traceback
 
 LABELS = corpus_labels()

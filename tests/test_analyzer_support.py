@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from runner.analyzer import ErrorFinding, PhaseFinding, StreamAnalyzer
+from kernel.analyzer import ErrorFinding, PhaseFinding, StreamAnalyzer
 
 REPO = Path(__file__).resolve().parents[1]
 # The corpus travels with the repository (tests/corpus, kept in step with the workplace's ../shared/corpus),

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from runner.analyzer import analyze_text, default_rules
-from runner.analyzer.lines import LineParser
+from kernel.analyzer import analyze_text, default_rules
+from kernel.analyzer.lines import LineParser
 from tests.test_analyzer_support import traceback
 
 CORE = "(EngineCore_DP0 pid=68) "

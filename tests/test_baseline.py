@@ -13,15 +13,15 @@ from bot.cli import main
 from bot.coordinator import Coordinator
 from bot.record import image_digest
 from bot.store import AsyncStore
+from kernel.baseline import BaselineError, load_baseline
+from kernel.fingerprint.document import seal, to_text
+from kernel.tls import DevCerts
+from kernel.vllm_cli import parse_launch_command
 from protos import runner_pb2 as pb
-from runner.baseline import BaselineError, load_baseline
 from runner.config import parse_runner_config
-from runner.fingerprint.document import seal, to_text
 from runner.stages import baseline as baseline_stage
 from runner.stages import freeze
 from runner.stages.context import RunContext
-from runner.tls import DevCerts
-from runner.vllm_cli import parse_launch_command
 from tests.k3fixtures import bot_config, runner_data, running_runner
 from vllm_sim.backend import SimBackend
 

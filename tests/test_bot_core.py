@@ -14,8 +14,8 @@ from bot.cli import main as cli
 from bot.coordinator import Coordinator
 from bot.refusal import Refused
 from bot.store import AsyncStore, Store
+from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
-from runner.tls import DevCerts
 from tests.k3fixtures import KIMI_LAUNCH, TcpProxy, bot_config, runner_data, running_runner
 
 

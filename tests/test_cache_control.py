@@ -19,16 +19,16 @@ from bot.handoff import run_handoff
 from bot.record import RunRecord
 from bot.report import run_report
 from bot.store import Store
+from kernel.fingerprint.caches import cache_specs
+from kernel.tls import DevCerts
+from kernel.vllm_cli import parse_launch_command
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
 from runner.config import KubernetesSettings
 from runner.engines.fresh_caches import CONTAINER_ROOT, redirect
 from runner.engines.kubernetes import pod_manifest
-from runner.fingerprint.caches import cache_specs
 from runner.stages.cache_control import SOURCE, why
 from runner.stages.context import Attempt
-from runner.tls import DevCerts
-from runner.vllm_cli import parse_launch_command
 from tests.k3fixtures import bot_core, finished_run, run_to_end, runner_data
 from vllm_sim import jit_cache
 

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from runner.fingerprint import collect, diff, diff_text
-from runner.fingerprint.caches import cache_specs, caches_section, survey
+from kernel.fingerprint import diff, diff_text
+from kernel.fingerprint.caches import cache_specs, caches_section, survey
+from kernel.redact import redactor
+from runner.fingerprint import collect
 from runner.nvml import NvmlView
-from runner.redact import redactor
 
 
 class NoNvml:

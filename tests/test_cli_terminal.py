@@ -23,9 +23,9 @@ import pytest
 from bot import cli
 from bot.bundle import export_bundle, import_bundle
 from bot.store import Store
+from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
 from runner.engines.process import process_groups
-from runner.tls import DevCerts
 from tests.k3fixtures import KIMI_LAUNCH, bot_core, finished_run, runner_data, running_runner
 
 BIN = Path(sys.executable).parent

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from runner.clock import JITTER_S, POLL_FLOOR_S, Clock
+from kernel.clock import JITTER_S, POLL_FLOOR_S, Clock
 
 
 async def test_a_poll_on_a_fast_clock_waits_at_least_the_floor() -> None:

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from bot.config import load_bot_config
+from kernel.toml_reader import ConfigError
 from runner.config import load_runner_config
-from runner.toml_reader import ConfigError
 
 
 def test_runner_config_resolves_paths_next_to_the_file(tmp_path: Path) -> None:
@@ -107,7 +107,7 @@ def test_process_backend_executables_resolve_to_real_paths(tmp_path: Path, monke
 
 
 def test_the_shipped_example_configs_are_valid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from runner.vllm_cli import parse_launch_command
+    from kernel.vllm_cli import parse_launch_command
 
     (tmp_path / "vllm").write_text("#!/bin/sh\n")  # the shipped runner.toml names `vllm` on PATH
     (tmp_path / "vllm").chmod(0o755)

@@ -17,11 +17,11 @@ import pytest
 from bot import cli
 from bot import main as bot_main
 from bot.config import BOT_KEYS, load_bot_config, parse_bot_config
-from runner import toml_reader
+from kernel import toml_reader
+from kernel.tls import DevCerts
+from kernel.toml_reader import ConfigError, TomlReader
 from runner.config import RUNNER_KEYS, is_loopback, load_runner_config, parse_runner_config
 from runner.daemon import RunnerDaemon
-from runner.tls import DevCerts
-from runner.toml_reader import ConfigError, TomlReader
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "configuration.md"

@@ -10,17 +10,20 @@ from typing import Any
 
 import pytest
 
+from kernel.toml_reader import ConfigError, TomlReader, packaged
 from runner.stages import cache_control, ladder, minimize, proxies
-from runner.toml_reader import ConfigError, TomlReader, packaged
 
 
 def shipped(name: str) -> dict[str, Any]:
-    return tomllib.loads(resources.files("runner.data").joinpath(name).read_text(encoding="utf-8"))
+    home = "kernel.data" if resources.files("kernel.data").joinpath(name).is_file() else "runner.data"
+    return tomllib.loads(resources.files(home).joinpath(name).read_text(encoding="utf-8"))
 
 
 def refusal(monkeypatch: pytest.MonkeyPatch, module: Any, loader: Any, name: str, data: dict[str, Any]) -> str:
     """What `loader` (a cached reader of `module`) says when the shipped `name` holds `data` instead."""
-    monkeypatch.setattr(module, "packaged", lambda asked: TomlReader(data, f"runner/data/{asked}"))
+    monkeypatch.setattr(
+        module, "packaged", lambda asked, home="kernel.data": TomlReader(data, f"{home.replace('.', '/')}/{asked}")
+    )
     loader.cache_clear()
     try:
         with pytest.raises(ConfigError) as raised:
@@ -35,7 +38,7 @@ def test_a_ladder_row_without_its_probe_is_named_by_file_row_and_key(monkeypatch
     second = data["step"][1]
     del second["probe"]
     problem = refusal(monkeypatch, ladder, ladder.ladder_spec, "ladder.toml", data)
-    assert problem == f"runner/data/ladder.toml [[step]] #2 ({second['id']}): missing key 'probe'"
+    assert problem == f"kernel/data/ladder.toml [[step]] #2 ({second['id']}): missing key 'probe'"
 
 
 def test_a_ladder_row_keeps_its_free_parameters_and_refuses_a_wrong_type(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -46,7 +49,7 @@ def test_a_ladder_row_keeps_its_free_parameters_and_refuses_a_wrong_type(monkeyp
     data["step"][0]["needs_peers"] = "yes"
     problem = refusal(monkeypatch, ladder, ladder.ladder_spec, "ladder.toml", data)
     assert re.fullmatch(
-        r"runner/data/ladder.toml \[\[step\]\] #1 \(\w+\): 'needs_peers' must be true or false.*", problem
+        r"kernel/data/ladder.toml \[\[step\]\] #1 \(\w+\): 'needs_peers' must be true or false.*", problem
     )
 
 
@@ -66,7 +69,7 @@ def test_minimize_limits_must_be_whole_numbers(monkeypatch: pytest.MonkeyPatch) 
 def test_a_row_that_is_not_a_table_and_an_unparsable_file_are_one_line_errors() -> None:
     with pytest.raises(ConfigError, match=r"^f.toml \[\[step\]\] #2: must be a table$"):
         TomlReader({"step": [{"id": "a"}, 3]}, "f.toml").rows("step")
-    with pytest.raises(ConfigError, match=r"^runner/data/no-such.toml: "):
+    with pytest.raises(ConfigError, match=r"^kernel/data/no-such.toml: "):
         packaged("no-such.toml")
 
 

@@ -15,7 +15,7 @@ from bot.coordinator import Coordinator
 from bot.dispatcher import pick_runner
 from bot.refusal import Refused
 from bot.store import AsyncStore, Store
-from runner.tls import DevCerts
+from kernel.tls import DevCerts
 from tests.k3fixtures import bot_config, runner_data, running_runner
 
 DEAD = "127.0.0.1:9"  # nothing listens on the discard port

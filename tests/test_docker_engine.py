@@ -20,11 +20,11 @@ from bot.config import ClientTls
 from bot.coordinator import Coordinator
 from bot.runner_client import open_channel
 from bot.store import AsyncStore
+from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
 from runner.engines.docker import RUN_LABEL
 from runner.ports import free_port
-from runner.tls import DevCerts
 from tests.dockerd import BUSYBOX, Dockerd
 from tests.k3fixtures import bot_config, run_to_end, runner_data, running_runner
 from tests.registry import running_registry

@@ -26,8 +26,8 @@ import pytest
 import yaml
 
 from bot.config import BOT_KEYS, IsolationConfig, parse_bot_config
+from kernel.tls import write_dev_certs
 from runner.config import RUNNER_KEYS, parse_runner_config
-from runner.tls import write_dev_certs
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

@@ -15,16 +15,16 @@ import pytest
 
 import vllm_sim
 from bot.runner_client import CHANNEL_OPTIONS, open_channel
+from kernel.clock import Clock
+from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
 from protos.limits import LOG_CHUNK_BYTES, MAX_MESSAGE_BYTES, MESSAGE_OPTIONS
-from runner.clock import Clock
 from runner.config import resolve_executable
 from runner.daemon import SERVER_OPTIONS
 from runner.engines.lines import LINE_LIMIT, LineSplitter
 from runner.engines.process import LAUNCH_ENV, RUN_ID_ENV, ProcessBackend, ProcessEngine
 from runner.stages.log_follower import LogFollower
-from runner.tls import DevCerts
 from tests.k3fixtures import bot_core, runner_data
 from vllm_sim.backend import SimBackend
 

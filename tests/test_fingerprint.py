@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from bot.cli import main
+from kernel.fingerprint import diff, load_fingerprint, to_text
+from kernel.fingerprint.document import MAX_BYTES, seal
 from runner.engines.process import ProcessBackend
-from runner.fingerprint import Change, PythonTarget, collect, diff, load_fingerprint, to_text
-from runner.fingerprint.document import MAX_BYTES, seal
+from runner.fingerprint import Change, PythonTarget, collect
 from runner.nvml import GpuInfo, NvmlView, PynvmlSource
 from vllm_sim.backend import ScenarioNvml
 

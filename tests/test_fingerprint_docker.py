@@ -9,16 +9,17 @@ import docker
 import pytest
 
 from bot.cli import main
+from kernel.baseline import load_baseline
+from kernel.fingerprint import diff, to_text
+from kernel.vllm_cli import parse_launch_command
 from protos import runner_pb2 as pb
-from runner.baseline import load_baseline
 from runner.config import parse_runner_config
 from runner.engines.process import ProcessBackend
-from runner.fingerprint import ImageTarget, collect, diff, to_text
+from runner.fingerprint import ImageTarget, collect
 from runner.fingerprint.image import PROBE_LABEL, probe_options
 from runner.nvml import PynvmlSource
 from runner.stages import baseline, freeze
 from runner.stages.context import RunContext
-from runner.vllm_cli import parse_launch_command
 from tests.dockerd import SECRET_IN_IMAGE, Dockerd
 from tests.k3fixtures import runner_data
 from tests.test_fingerprint import FakeNvml

@@ -18,8 +18,8 @@ from bot.handoff import handoff, run_handoff
 from bot.minimize import start_minimize
 from bot.record import RunRecord
 from bot.store import Run, Store
+from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
-from runner.tls import DevCerts
 from tests.k3fixtures import KIMI_LAUNCH, bot_core, finished_run, ignore_event, runner_data
 
 SECRET = "SECRET-" + secrets.token_hex(12)

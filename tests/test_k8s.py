@@ -25,11 +25,11 @@ from bot.isolation import IsolationError
 from bot.isolation.kubernetes import KubernetesProvider, render
 from bot.rerun import rerun_isolated
 from bot.store import AsyncStore, Store
+from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
 from runner.config import KubernetesSettings, parse_runner_config
 from runner.engines.kubernetes import KubernetesBackend
 from runner.ports import free_port
-from runner.tls import DevCerts
 from tests.k3fixtures import bot_config, runner_data, running_runner
 from tests.kube_api import NODE, TOKEN, KubeApi
 

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from lightkube.codecs import from_dict
 
+from kernel.clock import Clock
+from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
-from runner.clock import Clock
 from runner.config import parse_runner_config
 from runner.engines import kubernetes as kube_engine
 from runner.engines.kubernetes import GPU_RESOURCE, LAUNCH_LABEL, RUN_LABEL, KubernetesBackend, pod_manifest
 from runner.journal import Journal
-from runner.tls import DevCerts
 from tests.k3fixtures import SIM_SPEED, run_to_end, runner_data, running_runner
 from tests.kube_api import NODE, TOKEN, KubeApi
 

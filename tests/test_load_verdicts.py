@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from bot.runner_client import ClientTls, open_channel
+from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
-from runner.tls import DevCerts
 from tests.k3fixtures import KIMI_LAUNCH, runner_data, running_runner
 
 pytestmark = pytest.mark.sim

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
+from kernel.clock import Clock
 from protos import runner_pb2 as pb
-from runner.clock import Clock
 from runner.engines.process import ProcessEngine
 from runner.stages.log_follower import ACCESS_LINE, ERROR_WAIT_S, LogFollower
 

@@ -14,11 +14,11 @@ from bot.cli import main
 from bot.coordinator import Coordinator
 from bot.report import run_report
 from bot.store import AsyncStore, Store
+from kernel.analyzer import analyze_text
+from kernel.analyzer.messages import first_error_message
+from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
 from protos.vocab import CHECKLIST, to_id
-from runner.analyzer import analyze_text
-from runner.analyzer.messages import first_error_message
-from runner.tls import DevCerts
 from tests.k3fixtures import KIMI_LAUNCH, bot_config, bot_core, finished_run, run_to_end, runner_data, running_runner
 from vllm_sim.scenario import scenario_path
 

@@ -13,18 +13,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from bot.coordinator import Coordinator
 from bot.store import AsyncStore
 from bot.web import serving
+from kernel.launches import LaunchFold
+from kernel.tls import DevCerts
+from kernel.toml_reader import ConfigError
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
 from runner.config import parse_runner_config
 from runner.daemon import DaemonStartError, RunnerDaemon
-from runner.launches import LaunchFold
 from runner.stages.prometheus import counter_total
-from runner.tls import DevCerts
-from runner.toml_reader import ConfigError
 from tests.k3fixtures import bot_config, runner_data, running_runner
 from tests.slack_api import SlackApi, slack_config
 
-HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")  # runner/data/ladder.toml's names
+HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")  # kernel/data/ladder.toml's names
 
 
 def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

@@ -19,10 +19,10 @@ from bot.minimize import start_minimize
 from bot.record import RunRecord, StageResult
 from bot.refusal import Refused
 from bot.store import Store
+from kernel.tls import DevCerts
+from kernel.vllm_cli import parse_launch_command
 from protos import runner_pb2 as pb
 from runner.stages.minimize import Unit, Verdict, confidence_of, ddmin, tries_needed, units_of, with_units
-from runner.tls import DevCerts
-from runner.vllm_cli import parse_launch_command
 from tests.k3fixtures import KIMI_LAUNCH, bot_core, finished_run, ignore_event, runner_data
 from tests.slack_api import (
     SlackApi,

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
 from runner import ports
 from runner.ports import PortReservation, listener_pids, reserve_port
 from runner.stages import launcher
-from runner.tls import DevCerts
 from tests.k3fixtures import run_to_end, runner_data
 
 pytestmark = pytest.mark.sim

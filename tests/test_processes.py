@@ -16,10 +16,10 @@ import pytest
 
 from bot.config import ClientTls
 from bot.runner_client import open_channel
+from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
 from runner.engines.process import process_groups
-from runner.tls import DevCerts
 from tests.k3fixtures import KIMI_LAUNCH
 
 BIN = Path(sys.executable).parent

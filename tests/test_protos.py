@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 
 from bot.record import fact_of
+from kernel.vllm_cli import ladder_step_ids
 from protos import runner_pb2 as pb
 from protos import vocab
 from protos.generate import OUTPUTS, ROOT, generate
-from runner.vllm_cli import ladder_step_ids
 
 
 def test_generated_code_matches_the_proto(tmp_path: Path) -> None:
@@ -26,7 +26,7 @@ def test_vocabulary_is_the_designs() -> None:
         "driver_cuda_init", "ptx_toolchain", "nccl_comm", "oom", "cudagraph", "kv_cache_capacity",
         "weight_load", "model_config", "compile", "port_in_use", "request_error", "other",
     ]  # fmt: skip
-    assert ladder_step_ids() == (  # runner/data/ladder.toml, DESIGN §1 step 5's order
+    assert ladder_step_ids() == (  # kernel/data/ladder.toml, DESIGN §1 step 5's order
         "prefix_caching", "long_input", "max_model_len", "concurrency", "inter_node", "tools_structured_output",
         "speculative_decoding", "kernel_backends", "compilation_cuda_graphs", "kv_transfer", "lora_multimodal",
         "server_options", "as_written",

@@ -23,10 +23,10 @@ from bot.minimize import start_minimize
 from bot.record import RunRecord
 from bot.report import run_report
 from bot.store import Store
+from kernel.tls import DevCerts
+from kernel.vllm_cli import flag_table
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
-from runner.tls import DevCerts
-from runner.vllm_cli import flag_table
 from tests.k3fixtures import bot_core, finished_run, ignore_event, run_to_end
 from tests.vllm_cpu import ENV, serve_argv, vllm_env, vllm_models, vllm_python
 

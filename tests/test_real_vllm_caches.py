@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from bot.report import run_report
+from kernel.fingerprint.caches import cache_specs
+from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
-from runner.fingerprint.caches import cache_specs
 from runner.stages.cache_control import SOURCE
-from runner.tls import DevCerts
 from tests.k3fixtures import run_to_end
 from tests.test_real_vllm import IMAGE, REQUEST, launch_line, runner_settings
 from tests.vllm_cpu import make_model, vllm_env, vllm_python

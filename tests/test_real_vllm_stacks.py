@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
-from runner.tls import DevCerts
 from tests.k3fixtures import bot_core
 from tests.test_real_vllm import IMAGE, REQUEST, launch_line, runner_settings
 from tests.vllm_cpu import REPO, vllm_env, vllm_python

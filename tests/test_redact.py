@@ -5,8 +5,8 @@ import re
 
 import pytest
 
+from kernel.redact import KEY_ENV, PLACEHOLDER, Redactor, printable, redactor
 from protos import runner_pb2 as pb
-from runner.redact import KEY_ENV, PLACEHOLDER, Redactor, printable, redactor
 
 HF = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz012345"
 OPENAI = "sk-proj-" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6"

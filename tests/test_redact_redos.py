@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from runner import redact
+from kernel import redact
 from tests.test_analyzer_redos import slow_inputs
 
 

@@ -21,10 +21,10 @@ from bot.refusal import Refused
 from bot.rerun import rerun_isolated, rerun_request, verdict_lines
 from bot.runner_client import open_channel
 from bot.store import AsyncStore, RunNotFound, Store
+from kernel.tls import DevCerts
+from kernel.toml_reader import ConfigError
 from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
-from runner.tls import DevCerts
-from runner.toml_reader import ConfigError
 from tests.k3fixtures import SIM_SPEED, bot_config, runner_data, running_runner
 
 DIGEST_IMAGES = ["vllm/vllm-openai:*", "vllm/vllm-openai@sha256:*"]

@@ -14,7 +14,7 @@ from bot.config import BotConfig
 from bot.coordinator import Coordinator
 from bot.store import AsyncStore, Store
 from bot.web import serving
-from runner.tls import DevCerts
+from kernel.tls import DevCerts
 from tests.k3fixtures import SIM_SPEED, bot_config, rerun_left_running, runner_data, running_runner
 from tests.slack_api import SlackApi, action_body, action_payload, command_body, parent_of, post, settle, signed
 from tests.slack_api import slack_config as with_slack

@@ -13,11 +13,11 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from bot.config import ClientTls
 from bot.runner_client import open_channel
+from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
 from runner.config import parse_runner_config
 from runner.daemon import RunnerDaemon
-from runner.tls import DevCerts
 from tests.k3fixtures import KIMI_LAUNCH, runner_data, running_runner
 
 

@@ -12,12 +12,12 @@ import grpc
 import pytest
 
 from bot.runner_client import KEEPALIVE_OPTIONS, open_channel
+from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
 from runner.config import parse_runner_config
 from runner.daemon import MIN_PING_INTERVAL_MS, DaemonStartError, RunnerDaemon
 from runner.engines.process import ProcessBackend, process_groups
-from runner.tls import DevCerts
 from tests.k3fixtures import KIMI_LAUNCH, runner_data, running_runner
 from tests.test_runner_grpc import _start, _tls
 

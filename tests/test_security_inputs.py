@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.tls import DevCerts
+from kernel.tls import DevCerts
 
 BIN = Path(sys.executable).parent
 RUNNER_HEAD = 'name = "r"\ncluster = "cluster-a"\nallowed_images = ["vllm/vllm-openai:*"]\n'

@@ -12,10 +12,11 @@ import pytest
 from bot.bundle import bounded_json, too_deep
 from bot.store import RunNotFound, Store
 from bot.web import serving
+from kernel.retention import Retention, log_bytes
 from protos import runner_pb2 as pb
 from runner.config import parse_runner_config
 from runner.daemon import RunnerDaemon
-from runner.journal import Journal, Retention, log_bytes
+from runner.journal import Journal
 from tests.k3fixtures import bot_config, runner_data
 from tests.slack_api import SlackApi, command_body, post, signed, slack_config
 
@@ -247,8 +248,8 @@ def test_the_store_lists_and_finds_runs_of_given_clusters_only(tmp_path: Path) -
 
 def test_the_caps_and_retention_are_configured_in_both_configs(tmp_path: Path) -> None:
     from bot.config import parse_bot_config
+    from kernel.toml_reader import ConfigError
     from runner.config import parse_runner_config
-    from runner.toml_reader import ConfigError
 
     keys = {"log_head_mib": 1, "log_tail_mib": 0.5, "retention_days": 7}
     runner = parse_runner_config(

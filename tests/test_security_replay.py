@@ -24,9 +24,9 @@ from bot.bundle import Bundle, export_bundle
 from bot.cli import main
 from bot.store import Store
 from bot.web import Served, serving
+from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
 from runner.daemon import RunnerDaemon
-from runner.tls import DevCerts
 from tests.k3fixtures import bot_config, runner_data, running_runner
 from tests.slack_api import (
     SlackApi,

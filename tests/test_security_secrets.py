@@ -1,4 +1,4 @@
-"""Planted secrets never leave in clear: every kind runner/data/redaction.toml names, in every spelling vLLM's
+"""Planted secrets never leave in clear: every kind kernel/data/redaction.toml names, in every spelling vLLM's
 parser accepts, planted in argv, the runner's env, the fixed request, the change log, the engine's log and its
 error texts (a 500 whose body carries them), the sim scenario; the whole method runs on a real runner over mTLS,
 from the terminal and from Slack; then the bot store, the runner's journal, an exported bundle, Slack's recorded
@@ -27,7 +27,7 @@ from bot.commands.common import EventPrinter
 from bot.coordinator import Coordinator
 from bot.store import AsyncStore, Store
 from bot.web import serving
-from runner.tls import DevCerts
+from kernel.tls import DevCerts
 from tests.k3fixtures import bot_config, runner_data, running_runner
 from tests.slack_api import SlackApi, command_body, post, settle, signed, slack_config
 

@@ -25,7 +25,7 @@ from typing import IO, Any
 
 import pytest
 
-from runner.analyzer.whole_log import analyze_text
+from kernel.analyzer.whole_log import analyze_text
 from runner.ports import free_port
 from tests.vllm_cpu import ENV, REPO, make_model, serve_argv
 
@@ -98,7 +98,7 @@ REQUESTS: dict[str, tuple[str, str, Any]] = {
     "not_json": ("POST", "/v1/chat/completions", b"{not json"),
     "nowhere": ("GET", "/nowhere", None),
 }
-# The metrics the method reads (runner/data/ladder.toml's cache-hit evidence).
+# The metrics the method reads (kernel/data/ladder.toml's cache-hit evidence).
 METHOD_METRICS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
 # [shutdown] lines only vLLM CPU writes: its EngineCore runs its worker as a process of its own even at
 # tensor-parallel-size 1 (the GPU build runs it inside EngineCore); which of them show varies with the race.

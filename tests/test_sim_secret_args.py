@@ -8,8 +8,8 @@ import ast
 import re
 import subprocess
 
-from runner.redact import redactor
-from runner.vllm_cli import parse_serve_args
+from kernel.redact import redactor
+from kernel.vllm_cli import parse_serve_args
 from tests.vllm_cpu import ENV, SERVER_MODULE, vllm_python
 from vllm_sim.settings import settings_from
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from runner.tls import DevCerts
+from kernel.tls import DevCerts
 from tests.slack_api import SlackApi, assert_thread_complete
 from tests.slack_crash import finished, killed_run
 

@@ -14,7 +14,7 @@ from bot.config import SlackConfig
 from bot.slack.metrics import Metrics
 from bot.slack.outbox import KEY_FIELD, MAX_ATTEMPTS, UPLOAD, Outbox, Write, _finish, _pending, _put
 from bot.store import AsyncStore, Store
-from runner.tls import DevCerts
+from kernel.tls import DevCerts
 from tests.slack_api import (
     BOT_TOKEN,
     DIE,

@@ -21,10 +21,10 @@ from bot.record import FirstError
 from bot.runner_client import open_channel
 from bot.store import AsyncStore, Store
 from bot.web import serving
+from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
 from runner.runs import IMAGE_REFERENCE
-from runner.tls import DevCerts
 from tests.k3fixtures import KIMI_LAUNCH, bot_config, runner_data, running_runner
 from tests.slack_api import SlackApi, command_body, post, settle, signed, slack_config
 

@@ -14,7 +14,7 @@ from bot.slack.metrics import Metrics
 from bot.slack.outbox import Outbox, Write, _pending, _put, _write
 from bot.store import AsyncStore, Store
 from bot.web import serving
-from runner.tls import DevCerts
+from kernel.tls import DevCerts
 from tests.k3fixtures import bot_config, runner_data, running_runner
 from tests.slack_api import (
     BOT_TOKEN,

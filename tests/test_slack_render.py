@@ -11,9 +11,9 @@ from bot import blocks
 from bot.config import parse_bot_config
 from bot.record import LadderStep, RunRecord, StageResult, fact_of
 from bot.slack.commands import Command, CommandError, parse
+from kernel.toml_reader import ConfigError
 from protos import runner_pb2 as pb
 from protos.vocab import CHECKLIST_IDS
-from runner.toml_reader import ConfigError
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from pathlib import Path
 from bot.blocks import ACTION_RERUN
 from bot.store import Store
 from bot.web import serving
-from runner.tls import DevCerts
+from kernel.tls import DevCerts
 from tests.k3fixtures import bot_config, runner_data, running_runner
 from tests.slack_api import (
     APP_TOKEN,

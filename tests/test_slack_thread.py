@@ -23,8 +23,8 @@ from bot.blocks import ACTION_CANCEL, ACTION_RERUN, MAX_BLOCKS, MAX_MESSAGE, MAX
 from bot.bundle import PNG_SIGNATURE, parse_bundle
 from bot.store import Store
 from bot.web import Served, serving
+from kernel.tls import DevCerts
 from protos.vocab import CHECKLIST_IDS
-from runner.tls import DevCerts
 from tests.k3fixtures import bot_config
 from tests.slack_api import (
     SIGNING_SECRET,

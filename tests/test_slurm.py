@@ -17,8 +17,8 @@ from bot.main import resume_runs
 from bot.refusal import Refused
 from bot.rerun import rerun_isolated
 from bot.store import AsyncStore, Store
+from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
-from runner.tls import DevCerts
 from tests.k3fixtures import SIM_SPEED, bot_config, rerun_left_running, runner_data, running_runner
 from tests.slurm import DOWN, UP, Slurm, running_slurm
 

@@ -13,12 +13,12 @@ from bot.blocks import first_error_blocks, text_lines
 from bot.handoff import _first_error
 from bot.record import RunRecord
 from bot.report import report
+from kernel.redact import redactor
+from kernel.toml_reader import ConfigError, TomlReader
 from protos import runner_pb2 as pb
 from runner.engines.docker import DockerEngine
-from runner.redact import redactor
 from runner.stacks import summary
 from runner.stacks.summary import ProcessDump, parse, process_wait, ranges, summarize
-from runner.toml_reader import ConfigError, TomlReader
 
 CORPUS = Path(__file__).parent / "corpus" / "stacks"
 REAL = CORPUS / "remote-code-sleep"
@@ -175,7 +175,7 @@ def test_workers_not_yet_titled_with_their_rank_are_told_apart_by_pid() -> None:
 
 def test_a_bad_row_of_the_data_file_is_named_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     data = {"role": [], "wait": [{"id": "collective", "function": "all_reduce(", "says": "waits"}]}
-    monkeypatch.setattr(summary, "packaged", lambda name: TomlReader(data, f"runner/data/{name}"))
+    monkeypatch.setattr(summary, "packaged", lambda name, home: TomlReader(data, f"{home.replace('.', '/')}/{name}"))
     summary._rules.cache_clear()
     try:
         with pytest.raises(ConfigError, match=r"^runner/data/stacks.toml \[\[wait\]\] #1 \(collective\): 'function'"):

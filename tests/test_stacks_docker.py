@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
 from runner.stacks.dump import py_spy
-from runner.tls import DevCerts
 from tests.dockerd import Dockerd
 from tests.test_docker_engine import _docker_engine, _labelled, _run, sim_image
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from bot.bundle import export_bundle
 from bot.commands.demo import demo
 from bot.store import Store
-from runner.redact import redactor
+from kernel.redact import redactor
 from runner.stacks.dump import dump_pids
 from tests.k3fixtures import SIM_SPEED
 from tests.test_scenarios import STARTUP_HANG_SPEED

@@ -11,9 +11,9 @@ import stat
 from pathlib import Path
 
 from bot.store import Store
+from kernel.redact import redactor
 from protos import runner_pb2 as pb
 from runner.journal import Journal, request_digest
-from runner.redact import redactor
 
 REQUEST = pb.StartRunRequest(run_id="r1", cluster="c", launch_argv=["vllm", "serve", "m", "--api-key", "Guess1234"])
 

@@ -13,9 +13,9 @@ from matplotlib.image import imread
 from bot.cli import main
 from bot.coordinator import Coordinator
 from bot.store import AsyncStore, Store
+from kernel.launches import LaunchFold
+from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
-from runner.launches import LaunchFold
-from runner.tls import DevCerts
 from tests.k3fixtures import bot_config, runner_data, running_runner
 
 

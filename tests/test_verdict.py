@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kernel.vllm_cli import parse_launch_command
 from protos import runner_pb2 as pb
 from protos.vocab import CHECKLIST_IDS, from_id
 from runner.config import parse_runner_config
 from runner.stages.context import Attempt, RunContext
 from runner.stages.verdict import decide, run
-from runner.vllm_cli import parse_launch_command
 
 
 def _context(tmp_path: Path, **fields: Any) -> RunContext:

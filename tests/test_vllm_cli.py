@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from runner.vllm_cli import LaunchCommandError, flag_steps, flag_table, parse_launch_command
+from kernel.vllm_cli import LaunchCommandError, flag_steps, flag_table, parse_launch_command
 
 KIMI = (
     "vllm serve moonshotai/Kimi-K3 --tensor-parallel-size 8 --trust-remote-code --load-format fastsafetensors "

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from runner.vllm_cli import parse_serve_args
+from kernel.vllm_cli import parse_serve_args
 from vllm_sim.catalog import catalog
 from vllm_sim.conditions import RequestView, When
 from vllm_sim.prefix_cache import PrefixCache

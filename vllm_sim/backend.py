@@ -9,13 +9,13 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.clock import Clock
+from kernel.clock import Clock
+from kernel.toml_reader import ConfigError
+from kernel.vllm_cli import split_program
 from runner.config import EngineConfig
 from runner.engines.process import ProcessBackend, ProcessEngine
 from runner.fingerprint import PythonTarget
 from runner.nvml import GpuInfo, GpuProcess, NvmlView
-from runner.toml_reader import ConfigError
-from runner.vllm_cli import split_program
 from vllm_sim.catalog import catalog
 from vllm_sim.cli import parse_settings
 from vllm_sim.image_root import probe_environment

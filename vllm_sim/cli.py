@@ -12,8 +12,8 @@ import asyncio
 import os
 import sys
 
-from runner.toml_reader import ConfigError
-from runner.vllm_cli import LaunchCommandError, parse_serve_args
+from kernel.toml_reader import ConfigError
+from kernel.vllm_cli import LaunchCommandError, parse_serve_args
 from vllm_sim.catalog import catalog
 from vllm_sim.datafiles import load
 from vllm_sim.scenario import load_scenario

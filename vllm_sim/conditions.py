@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from runner.vllm_cli import ServeCommand, flag_table
+from kernel.vllm_cli import ServeCommand, flag_table
 
 if TYPE_CHECKING:
     from vllm_sim.scenario import Host

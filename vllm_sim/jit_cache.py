@@ -1,6 +1,6 @@
 """A JIT kernel cache, kept where the real server's libraries keep theirs (a scenario's [jit_cache]).
 
-The folder is found the way the freeze finds it (runner/data/caches.toml: the cache's variable, else its defaults),
+The folder is found the way the freeze finds it (kernel/data/caches.toml: the cache's variable, else its defaults),
 so a launch the runner gives fresh caches (runner/engines/fresh_caches.py) reads an empty one. At engine_init the
 simulator reads the kernels it holds: a kernel another build wrote (a stale cache, e.g. left by an older image on
 a shared home) fails the start, with a different error from launch to launch, as reused compiled artifacts do;
@@ -14,14 +14,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.fingerprint.caches import cache_specs, location
+from kernel.fingerprint.caches import cache_specs, location
 
 KERNELS = "k3repro-sim-kernels"  # the simulator's own folder inside the cache: nothing else there is read
 
 
 @dataclass(frozen=True)
 class JitCache:
-    cache: str  # a cache of runner/data/caches.toml, e.g. "flashinfer"
+    cache: str  # a cache of kernel/data/caches.toml, e.g. "flashinfer"
     build: str  # what this image's kernels are built as; a kernel of another build is stale
     errors: tuple[str, ...]  # what a stale kernel raises, launch after launch (catalog keys or error texts)
     left_by: str = ""  # the build an older image left in the host's cache: written where no cache folder exists yet

@@ -21,9 +21,9 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, TypeVar, get_args, get_type_hints
 
-from runner.fingerprint.caches import cache_specs
-from runner.toml_reader import ConfigError, read_toml, strict
-from runner.vllm_cli import FlagSpec, LaunchCommandError, flag_table, parse_launch_command
+from kernel.fingerprint.caches import cache_specs
+from kernel.toml_reader import ConfigError, read_toml, strict
+from kernel.vllm_cli import FlagSpec, LaunchCommandError, flag_table, parse_launch_command
 from vllm_sim.conditions import REQUEST_CONDITIONS, When, number, split_condition
 from vllm_sim.datafiles import load
 from vllm_sim.jit_cache import JitCache
@@ -242,7 +242,7 @@ def _jit_cache(raw: Any, error_phases: Mapping[str, str], where: str) -> JitCach
     cache, errors = reader.text("cache"), tuple(reader.texts("errors", required=True))
     if cache not in {spec.name for spec in cache_specs()}:
         known = ", ".join(spec.name for spec in cache_specs())
-        raise ConfigError(f"{where}: cache {cache!r} is not one of runner/data/caches.toml's ({known})")
+        raise ConfigError(f"{where}: cache {cache!r} is not one of kernel/data/caches.toml's ({known})")
     for error in errors:
         if _CATALOG_KEY.fullmatch(error) and error not in error_phases:
             raise ConfigError(f"{where}: unknown error {error!r} (known: {', '.join(sorted(error_phases))})")

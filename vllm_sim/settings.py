@@ -1,6 +1,6 @@
 """What the simulator takes from `vllm serve`'s command line, with argparse's refusals.
 
-The command is parsed by the project's own parser (runner.vllm_cli), so the simulator accepts exactly
+The command is parsed by the project's own parser (kernel.vllm_cli), so the simulator accepts exactly
 the flags the runner may pass; here the values vLLM would type-check are converted and checked.
 """
 
@@ -11,7 +11,7 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from runner.vllm_cli import ServeCommand
+from kernel.vllm_cli import ServeCommand
 from vllm_sim.datafiles import load
 
 _HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)")

@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from runner.analyzer import InputError, analyze_path, analyze_stream
-from runner.analyzer.progress import ProgressLine
+from kernel.analyzer import InputError, analyze_path, analyze_stream
+from kernel.analyzer.progress import ProgressLine
 
 # Larger inputs are refused: a start-up log is megabytes, a long-running server's a few hundred; past
 # this it is almost certainly the wrong file (the analysis itself streams, with flat memory).

@@ -7,8 +7,8 @@ import json
 
 from bot.commands.common import CommandError
 from bot.commands.fingerprint import take
-from runner.baseline import load_baseline, report_text
-from runner.fingerprint import FingerprintError, load_fingerprint
+from kernel.baseline import load_baseline, report_text
+from kernel.fingerprint import FingerprintError, load_fingerprint
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,10 +23,10 @@ from bot.minimize import start_minimize
 from bot.render import run_header
 from bot.report import run_report
 from bot.store import Store
+from kernel.tls import write_dev_certs
+from kernel.toml_reader import ConfigError, read_toml
 from runner.config import parse_runner_config
 from runner.plugins import engine_plugin
-from runner.tls import write_dev_certs
-from runner.toml_reader import ConfigError, read_toml
 
 HOST_INSTALL = "host-install"  # what `--launch` runs is the host's own vLLM install, not an image
 

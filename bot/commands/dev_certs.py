@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from runner.tls import write_dev_certs
+from kernel.tls import write_dev_certs
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from bot.commands.common import CommandError
-from runner.fingerprint import FingerprintError, diff, diff_text, load_fingerprint
+from kernel.fingerprint import FingerprintError, diff, diff_text, load_fingerprint
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,7 +8,8 @@ import shutil
 from typing import Any
 
 from bot.commands.common import CommandError
-from runner.fingerprint import ImageTarget, PythonTarget, Target, collect, to_text
+from kernel.fingerprint import to_text
+from runner.fingerprint import ImageTarget, PythonTarget, Target, collect
 from runner.nvml import PynvmlSource
 
 

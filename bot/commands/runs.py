@@ -23,8 +23,8 @@ from bot.render import TextRenderer, run_header, terminal, unmentioned
 from bot.report import report
 from bot.store import ACTIVE, Run, RunNotFound, Store, redacted
 from bot.timeline import caption, draw
-from runner.redact import redactor
-from runner.toml_reader import ConfigError
+from kernel.redact import redactor
+from kernel.toml_reader import ConfigError
 
 
 def list_runs(args: argparse.Namespace) -> int:

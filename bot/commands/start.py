@@ -15,10 +15,10 @@ from bot.consumer import RunLost, RunRefused
 from bot.coordinator import Coordinator
 from bot.refusal import Refused
 from bot.store import RunNotFound, Store
+from kernel.analyzer import InputError, analyze_path
+from kernel.analyzer.messages import first_error_message
+from kernel.analyzer.progress import ProgressLine
 from protos import runner_pb2 as pb
-from runner.analyzer import InputError, analyze_path
-from runner.analyzer.messages import first_error_message
-from runner.analyzer.progress import ProgressLine
 
 
 def run_start(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.config import BotConfig, ClusterConfig
 from bot.refusal import Refused
 from bot.slack.outbox import slack_error
-from runner.toml_reader import ConfigError
+from kernel.toml_reader import ConfigError
 
 GROUP_TTL_S = 300.0
 

@@ -28,8 +28,8 @@ from bot.slack.outbox import Outbox, Write
 from bot.slack.tasks import TaskSet
 from bot.slack.threads import Threads
 from bot.store import Run, RunNotFound, Store, now
-from runner.baseline import load_baseline
-from runner.toml_reader import ConfigError
+from kernel.baseline import load_baseline
+from kernel.toml_reader import ConfigError
 
 log = logging.getLogger("k3repro.slack")
 

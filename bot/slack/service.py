@@ -22,7 +22,7 @@ from bot.slack.outbox import Outbox, slack_error
 from bot.slack.tasks import TaskSet
 from bot.slack.threads import Threads
 from bot.store import AsyncStore
-from runner.toml_reader import ConfigError
+from kernel.toml_reader import ConfigError
 
 log = logging.getLogger("k3repro.slack")
 

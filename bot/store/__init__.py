@@ -6,7 +6,7 @@ Its tables come in groups, one module each, joined into `Store`: runs, their eve
 frozen dataclass per table (`rows.py`), never a row dict; the statuses a run goes through are defined there.
 
 All access goes through one thread (`AsyncStore`), so the event loop never blocks on SQLite and there is
-a single writer. Every text is redacted on its way in (runner/redact.py, the runner's own path): what a
+a single writer. Every text is redacted on its way in (kernel/redact.py, the runner's own path): what a
 runner, a bundle, a config or a person gave cannot rest here in clear, whatever later reads it.
 """
 
@@ -42,7 +42,7 @@ from bot.store.rows import (
 from bot.store.runs import RunTables
 from bot.store.schema import MIGRATIONS
 from bot.store.slack import THREAD_REFS, SlackTables
-from runner.journal import Retention, keep_private
+from kernel.retention import Retention, keep_private
 
 __all__ = [
     "ACTIVE",

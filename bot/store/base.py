@@ -7,7 +7,7 @@ from typing import Any
 
 import sqlite_utils
 
-from runner.redact import redactor
+from kernel.redact import redactor
 
 
 class Tables:

@@ -11,9 +11,9 @@ from google.protobuf import json_format
 
 from bot.store.base import ActiveRunExists, RunNotFound, Tables, now, redacted
 from bot.store.rows import ACTIVE, CANCELLED, FINAL, RUNNING, Rerun, Run
+from kernel.redact import redactor
+from kernel.retention import DAY_S, CappedLog, LogBudget, Retention
 from protos import runner_pb2 as pb
-from runner.journal import DAY_S, CappedLog, LogBudget, Retention
-from runner.redact import redactor
 
 _ACTIVE_SQL = ", ".join(f"'{status}'" for status in ACTIVE)
 _FINAL_SQL = ", ".join(f"'{status}'" for status in FINAL)

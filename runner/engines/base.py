@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from runner.clock import Clock
+from kernel.clock import Clock
 from runner.fingerprint import Target
 from runner.nvml import NvmlSource
 from runner.stacks.summary import ProcessDump
@@ -48,7 +48,7 @@ class RunningEngine(Protocol):
 class EngineBackend(Protocol):
     name: str
     nvml: NvmlSource  # what this backend's GPUs look like through NVML
-    clock: Clock  # the engine's time: every wait on the engine counts it (runner/clock.py)
+    clock: Clock  # the engine's time: every wait on the engine counts it (kernel/clock.py)
 
     def refusal(self, argv: list[str]) -> str:
         """Why this backend will not run `argv` (one line), or "": checked before a run is recorded."""
@@ -62,7 +62,7 @@ class EngineBackend(Protocol):
         self, argv: list[str], *, run_id: str, image: str, fresh_caches: Path | None = None
     ) -> RunningEngine:
         """Starts `argv`. With `fresh_caches` (a folder of the run's work dir on the runner's host), every cache of
-        runner/data/caches.toml is moved to a new, empty place for this launch alone (runner/engines/fresh_caches.py):
+        kernel/data/caches.toml is moved to a new, empty place for this launch alone (runner/engines/fresh_caches.py):
         under that folder for a process, inside the container's own filesystem for a container."""
         ...
 

@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from runner.clock import Clock
+from kernel.clock import Clock
+from kernel.vllm_cli import split_program
 from runner.config import DockerSettings
 from runner.engines.base import LogLine
 from runner.engines.fresh_caches import CONTAINER_ROOT, redirect
@@ -24,7 +25,6 @@ from runner.fingerprint.image import PROBE_LABEL, DockerUnavailable, docker_clie
 from runner.nvml import NvmlSource, PynvmlSource
 from runner.stacks.dump import OUTPUT_BYTES
 from runner.stacks.summary import ProcessDump
-from runner.vllm_cli import split_program
 
 RUN_LABEL = "k3repro.run_id"
 DOCKER_RUN_EXIT = 125  # what `docker run` exits with when the daemon refuses the container

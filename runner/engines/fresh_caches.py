@@ -1,4 +1,4 @@
-"""Fresh, empty caches for one launch: each cache of runner/data/caches.toml moved by its own variable.
+"""Fresh, empty caches for one launch: each cache of kernel/data/caches.toml moved by its own variable.
 
 The fresh-cache control launch (runner/stages/cache_control.py) asks its backend for them; the host's caches are
 never touched, let alone deleted. A process engine gets new folders under the run's work dir on the runner's host
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from runner.fingerprint.caches import cache_specs
+from kernel.fingerprint.caches import cache_specs
 
 # Where a container engine's fresh caches live: inside the container's own (new, empty) filesystem, not a mount.
 CONTAINER_ROOT = "/tmp/k3repro-fresh-caches"  # noqa: S108 - the new container's own /tmp, not the host's

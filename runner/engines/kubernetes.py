@@ -30,14 +30,14 @@ from lightkube.codecs import from_dict
 from lightkube.config.models import Cluster, User
 from lightkube.resources.core_v1 import Pod
 
-from runner.clock import Clock
+from kernel.clock import Clock
+from kernel.vllm_cli import parse_launch_command, split_program
 from runner.config import KubernetesSettings
 from runner.engines.base import LogLine
 from runner.engines.fresh_caches import CONTAINER_ROOT, redirect
 from runner.engines.lines import LineSplitter
 from runner.nvml import NvmlSource, PynvmlSource
 from runner.stacks.summary import ProcessDump
-from runner.vllm_cli import parse_launch_command, split_program
 
 log = logging.getLogger(__name__)
 

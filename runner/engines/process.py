@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.clock import Clock
+from kernel.clock import Clock
+from kernel.toml_reader import packaged
 from runner.config import resolve_executable
 from runner.engines.base import LogLine
 from runner.engines.fresh_caches import make_fresh
@@ -27,7 +28,6 @@ from runner.fingerprint import PythonTarget
 from runner.nvml import NvmlSource, PynvmlSource
 from runner.stacks.dump import dump_pids
 from runner.stacks.summary import ProcessDump
-from runner.toml_reader import packaged
 
 RUN_ID_ENV = "K3REPRO_RUN_ID"  # marks every process we start, so a restarted runner can find leftovers
 LAUNCH_ENV = "K3REPRO_LAUNCH_ID"  # marks one launch's processes: stop finds those that left its process group
@@ -316,7 +316,7 @@ def kill_leftovers(run_ids: set[str]) -> int:
 
 @functools.cache
 def _environment_allowlist() -> tuple[frozenset[str], tuple[str, ...]]:
-    data = packaged("engine_env.toml")
+    data = packaged("engine_env.toml", "runner.data")
     return frozenset(data.texts("names", required=True)), tuple(data.texts("prefixes", required=True))
 
 

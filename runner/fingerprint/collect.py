@@ -12,12 +12,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from runner.fingerprint.caches import caches_section
-from runner.fingerprint.document import SCHEMA, rules, seal
+from kernel.fingerprint.caches import caches_section
+from kernel.fingerprint.document import SCHEMA, rules, seal
+from kernel.redact import Redactor, redactor
 from runner.fingerprint.image import DockerUnavailable, docker_client, inspect_image, probe_image, unavailable_image
 from runner.fingerprint.probe import run_python_probe, runtime_section
 from runner.nvml import NvmlSource
-from runner.redact import Redactor, redactor
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def collect(
         "image": image,
         "runtime": runtime,
         "env": relevant_env(os.environ if environ is None else environ, redact),
-        # each cache vLLM and its libraries keep on this host (runner/data/caches.toml): where, how much, an index hash
+        # each cache vLLM and its libraries keep on this host (kernel/data/caches.toml): where, how much, an index hash
         "caches": caches_section(
             os.environ if environ is None else environ, redact, image=isinstance(target, ImageTarget)
         ),

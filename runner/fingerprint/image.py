@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from kernel.redact import Redactor
 from runner.fingerprint.probe import PROBE_TIMEOUT_S, probe_script, runtime_section
-from runner.redact import Redactor
 
 PROBE_LABEL = "k3repro.probe"  # marks probe containers, so leftovers can be found and removed
 

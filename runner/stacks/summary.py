@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from runner.toml_reader import TomlReader, packaged
+from kernel.toml_reader import TomlReader, packaged
 
 _PROCESS = re.compile(r"^Process (?P<pid>\d+): (?P<cmdline>.*)$")
 _THREAD = re.compile(r'^Thread (?P<id>\S+) \((?P<state>[^)]*)\)(?::\s*"(?P<name>.*)")?\s*$')
@@ -84,8 +84,8 @@ class _Role:
 
 @functools.cache
 def _rules() -> tuple[tuple[_Role, ...], tuple[_Rule, ...]]:
-    """runner/data/stacks.toml, read once; a bad row is named by file, row and key (runner/toml_reader.py)."""
-    data = packaged("stacks.toml")
+    """runner/data/stacks.toml, read once; a bad row is named by file, row and key (kernel/toml_reader.py)."""
+    data = packaged("stacks.toml", "runner.data")
     roles = tuple(_Role(_regex(row, "pattern"), row.text("name")) for row in data.rows("role"))
     waits = []
     for row in data.rows("wait"):

@@ -6,8 +6,8 @@
 
 from __future__ import annotations
 
+from kernel.baseline import BaselineError, load_baseline
 from protos import runner_pb2 as pb
-from runner.baseline import BaselineError, load_baseline
 from runner.stages.context import RunContext, StageResult
 
 

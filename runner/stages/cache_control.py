@@ -2,7 +2,7 @@
 
 A stale or half-written compile, JIT or remote-code cache makes "a different error on every start", or one that
 repeats in engine_init exactly like a software bug. When the minimal launch's failure looks like that
-(runner/data/cache_control.toml), the method launches it ONCE more with every cache of runner/data/caches.toml
+(runner/data/cache_control.toml), the method launches it ONCE more with every cache of kernel/data/caches.toml
 moved to a new, empty folder in the run's work dir (the backend decides where: EngineBackend.launch). The host's
 caches are never touched. If that launch answers, the host's cache is stale: clear it; if it fails the same way,
 the caches are ruled out. The answer is the checklist item caches_not_stale.
@@ -18,15 +18,15 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from kernel.fingerprint.caches import caches_section
+from kernel.redact import redactor
+from kernel.toml_reader import packaged
+from kernel.vllm_cli import ServeCommand, flag_table
 from protos import runner_pb2 as pb
 from protos.vocab import UNKNOWN_PHASE
-from runner.fingerprint.caches import caches_section
-from runner.redact import redactor
 from runner.stages import proxies
 from runner.stages.context import Attempt, RunContext
 from runner.stages.launcher import launch, release
-from runner.toml_reader import packaged
-from runner.vllm_cli import ServeCommand, flag_table
 
 SOURCE = "minimal_launch/fresh-caches"
 HOLDS, FAILS, PENDING = pb.CHECKLIST_STATE_HOLDS, pb.CHECKLIST_STATE_FAILS, pb.CHECKLIST_STATE_PENDING
@@ -46,7 +46,7 @@ class CacheRead:
 @cache
 def _rules() -> tuple[frozenset[str], Mapping[str, CacheRead]]:
     """(phases, cache reads by context) from runner/data/cache_control.toml."""
-    reader = packaged("cache_control.toml").only(("phases", "during"))
+    reader = packaged("cache_control.toml", "runner.data").only(("phases", "during"))
     during = {}
     for row in reader.rows("during"):
         row.only(("context", "caches", "flag"))
@@ -100,7 +100,7 @@ async def run(ctx: RunContext, command: ServeCommand) -> None:
     surveyed = await asyncio.to_thread(caches_section, os.environ, redactor())  # now: the failures may have written
     suspects = stale_suspects(surveyed["caches"], _read(target, command))
     if answered:
-        where = ", ".join(path for _, path in suspects) or "the engine's caches (runner/data/caches.toml)"
+        where = ", ".join(path for _, path in suspects) or "the engine's caches (kernel/data/caches.toml)"
         ctx.stale_caches = tuple(path for _, path in suspects)
         names = " and ".join(dict.fromkeys(name for name, _ in suspects))
         fresh = f"a fresh {names} cache starts" if names else "fresh caches start"
@@ -133,7 +133,7 @@ async def run(ctx: RunContext, command: ServeCommand) -> None:
 
 def stale_suspects(caches: list[dict[str, Any]], read: CacheRead | None) -> list[tuple[str, str]]:
     """(cache name, redacted path) of the caches a stale-cache finding names, from a survey of them
-    (runner/fingerprint/caches.py): those the failure's context points at (the ones holding anything first), else
+    (kernel/fingerprint/caches.py): those the failure's context points at (the ones holding anything first), else
     every one that holds anything."""
     located = [c for c in caches if c.get("path")]
     held = [c for c in located if c.get("exists") and c.get("entries")]

@@ -7,12 +7,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernel.clock import Clock
+from kernel.vllm_cli import ServeCommand
 from protos import runner_pb2 as pb
 from protos.vocab import CHECKLIST_IDS, UNKNOWN_PHASE, to_id
-from runner.clock import Clock
 from runner.config import RunnerConfig
 from runner.engines import EngineBackend, RunningEngine
-from runner.vllm_cli import ServeCommand
 
 Emit = Callable[..., Awaitable[pb.RunEvent]]
 
@@ -33,7 +33,7 @@ class Attempt:
 
     def same_as(self, other: Attempt | pb.FirstError) -> bool:
         """The one meaning of "the same failure": an equal normalised first-error signature, which carries the
-        phase and the category (runner/analyzer/signature.py); never identical text. Where one side's phase is
+        phase and the category (kernel/analyzer/signature.py); never identical text. Where one side's phase is
         unknown (a pasted excerpt that does not show it), nothing is decided from the phase or the category that
         follows from it: the normalised messages alone are compared."""
         if not self.signature or not other.signature:
@@ -102,7 +102,7 @@ class RunContext:
 
     @property
     def clock(self) -> Clock:
-        """The engine's time, as its backend counts it: every wait on the engine uses it (runner/clock.py)."""
+        """The engine's time, as its backend counts it: every wait on the engine uses it (kernel/clock.py)."""
         return self.backend.clock
 
     async def check(self, item: pb.ChecklistId, state: pb.ChecklistState, evidence: str) -> None:

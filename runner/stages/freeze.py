@@ -6,10 +6,10 @@ import asyncio
 import json
 from typing import Any
 
+from kernel.fingerprint.document import seal
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
 from runner.fingerprint import Change, FixedRequest, collect
-from runner.fingerprint.document import seal
 from runner.stages.context import RunContext, StageResult
 from runner.stages.probes import api, fixed_body
 from runner.stages.single_request import DEFAULT_REPEATS

@@ -17,16 +17,16 @@ from typing import Any
 
 import aiohttp
 
+from kernel.analyzer import default_rules
+from kernel.analyzer.signature import signature
+from kernel.toml_reader import packaged
+from kernel.vllm_cli import ServeCommand
 from protos import runner_pb2 as pb
 from protos.vocab import from_id
-from runner.analyzer import default_rules
-from runner.analyzer.signature import signature
 from runner.stages import probes, proxies
 from runner.stages.context import Attempt, RunContext, StageResult, StepOutcome
 from runner.stages.launcher import attempt_of, foreign_now, launch
 from runner.stages.prometheus import counter_total
-from runner.toml_reader import packaged
-from runner.vllm_cli import ServeCommand
 
 FALLBACK_MAX_MODEL_LEN = 2048  # when neither the server nor the launch says: a probe too short, never too long
 PREFIX_SEED = "k3repro prefix probe."

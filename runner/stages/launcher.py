@@ -10,15 +10,15 @@ from pathlib import Path
 
 import aiohttp
 
+from kernel.analyzer import ErrorFinding
+from kernel.redact import redactor
+from kernel.vllm_cli import ServeCommand
 from protos import runner_pb2 as pb
-from runner.analyzer import ErrorFinding
 from runner.ports import PortReservation, listener_pids, process_line, reserve_port
-from runner.redact import redactor
 from runner.stacks.collect import stalled_stacks
 from runner.stages.context import Attempt, RunContext
 from runner.stages.log_follower import LogFollower
 from runner.stages.proxies import planned
-from runner.vllm_cli import ServeCommand
 
 # Seconds of the engine's clock (ctx.clock): the polls are pauses, the stops and the drain limits.
 POLL_S = 0.25

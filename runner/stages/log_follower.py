@@ -10,12 +10,12 @@ from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
+from kernel.analyzer import ErrorFinding, PhaseFinding, Stall, StreamAnalyzer
+from kernel.analyzer.messages import first_error_message
+from kernel.clock import Clock
 from protos import runner_pb2 as pb
 from protos.limits import LOG_CHUNK_BYTES
 from protos.vocab import from_id
-from runner.analyzer import ErrorFinding, PhaseFinding, Stall, StreamAnalyzer
-from runner.analyzer.messages import first_error_message
-from runner.clock import Clock
 from runner.engines import RunningEngine
 from runner.stages.context import Emit
 

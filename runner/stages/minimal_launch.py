@@ -9,8 +9,8 @@ while a cache was read gets one control launch with fresh, empty caches (stages/
 
 from __future__ import annotations
 
+from kernel.analyzer import ErrorFinding
 from protos import runner_pb2 as pb
-from runner.analyzer import ErrorFinding
 from runner.stages import cache_control, proxies
 from runner.stages.context import Attempt, RunContext, StageResult
 from runner.stages.launcher import launch, release, shell_line

@@ -1,6 +1,6 @@
 """minimize: the deployment's optional flags shrunk to a 1-minimal set that still fails the same way.
 
-Zeller's ddmin over the flags beyond the essentials (runner/data/vllm_flags.toml), each test the minimal launch
+Zeller's ddmin over the flags beyond the essentials (kernel/data/vllm_flags.toml), each test the minimal launch
 with a subset of them added back, then the trigger step's probe. A test *fails* when it meets the failure being
 reproduced (same phase, same signature), *passes* when it launches and answers, and is *unresolved* otherwise:
 vLLM refused the flag set at argument validation, the server refused the probe, or a different failure came.
@@ -18,13 +18,13 @@ from dataclasses import dataclass, replace
 from functools import cache
 from typing import Literal
 
+from kernel.toml_reader import packaged
+from kernel.vllm_cli import Option, ServeCommand, flag_table
 from protos import runner_pb2 as pb
 from protos.vocab import PHASES, to_id
 from runner.stages import ladder, proxies
 from runner.stages.context import Attempt, RunContext, StageResult
 from runner.stages.launcher import launch, release, shell_line
-from runner.toml_reader import packaged
-from runner.vllm_cli import Option, ServeCommand, flag_table
 
 Verdict = Literal["fail", "pass", "unresolved"]
 START_PHASES = PHASES[: PHASES.index("api_listen")]  # a failure here needs no probe: the launch decides
@@ -39,7 +39,7 @@ class Limits:
 
 @cache
 def limits() -> Limits:
-    data = packaged("minimize.toml")
+    data = packaged("minimize.toml", "runner.data")
     return Limits(data.number("confidence"), data.whole("max_tries"), data.whole("max_tests"))
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import aiohttp
 
+from kernel.analyzer import ErrorFinding, Stall
 from protos import runner_pb2 as pb
-from runner.analyzer import ErrorFinding, Stall
 from runner.stacks.collect import stalled_stacks
 from runner.stages.context import RunContext
 

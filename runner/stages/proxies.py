@@ -13,10 +13,10 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
 
+from kernel.toml_reader import packaged
+from kernel.vllm_cli import ServeCommand, flag_table
 from protos.vocab import PHASES
 from runner.stages.context import Attempt, RunContext
-from runner.toml_reader import packaged
-from runner.vllm_cli import ServeCommand, flag_table
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Proxy:
 def proxies() -> tuple[Proxy, ...]:
     table = flag_table().flags
     found = []
-    for row in packaged("proxies.toml").rows("proxy"):
+    for row in packaged("proxies.toml", "runner.data").rows("proxy"):
         proxy = Proxy(
             id=row.text("id"),
             flag=row.text("flag"),

@@ -13,9 +13,9 @@ from typing import Any
 
 import aiohttp
 
+from kernel.analyzer import ErrorFinding, default_rules
+from kernel.analyzer.signature import signature
 from protos import runner_pb2 as pb
-from runner.analyzer import ErrorFinding, default_rules
-from runner.analyzer.signature import signature
 from runner.stages import proxies
 from runner.stages.context import Attempt, RunContext, StageResult
 from runner.stages.launcher import attempt_of, foreign_now, healthy_now, launch

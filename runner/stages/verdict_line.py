@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from functools import cache
 
+from kernel.analyzer import default_rules
+from kernel.analyzer.lines import LineParser
 from protos import runner_pb2 as pb
-from runner.analyzer import default_rules
-from runner.analyzer.lines import LineParser
 from runner.stages.context import Attempt, RunContext, StepOutcome
 
 SHORT_CHARS = 160

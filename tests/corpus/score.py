@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from runner.analyzer import analyze_path
+from kernel.analyzer import analyze_path
 
 FIELDS = ("phase", "category", "first_error_line")
 

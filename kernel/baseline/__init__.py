@@ -1,6 +1,6 @@
 """Compatibility baselines: a model's official requirements as data, checked against a fingerprint.
 
-A profile is `<name>.toml` in runner/data/baselines/ or in a user directory (which wins, so a site can
+A profile is `<name>.toml` in kernel/data/baselines/ or in a user directory (which wins, so a site can
 update a baseline when the recipe changes before k3repro ships it).
 """
 
@@ -12,9 +12,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from runner.baseline.checks import CHECKS
-from runner.baseline.scene_facts import Facts
-from runner.toml_reader import ConfigError, TomlReader, read_toml
+from kernel.baseline.checks import CHECKS
+from kernel.baseline.scene_facts import Facts
+from kernel.toml_reader import ConfigError, TomlReader, read_toml
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 
@@ -70,7 +70,7 @@ class Baseline:
 
 
 def _shipped() -> Path:
-    return Path(str(resources.files("runner.data").joinpath("baselines")))
+    return Path(str(resources.files("kernel.data").joinpath("baselines")))
 
 
 def baseline_names(extra_dirs: tuple[Path, ...] = ()) -> list[str]:

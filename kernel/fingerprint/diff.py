@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from runner.fingerprint.caches import summary
-from runner.fingerprint.document import leaves, rules
+from kernel.fingerprint.caches import summary
+from kernel.fingerprint.document import leaves, rules
 
 KINDS = ("matters", "other", "noise")
 _ABSENT = object()

@@ -3,7 +3,7 @@ compare equal (the isolated rerun and the method engine compare them)."""
 
 from __future__ import annotations
 
-from runner.analyzer.rules import Rules
+from kernel.analyzer.rules import Rules
 
 
 def normalize(rules: Rules, message: str) -> str:

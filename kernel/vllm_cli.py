@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from typing import Literal, cast, get_args
 
-from runner.toml_reader import packaged
+from kernel.toml_reader import packaged
 
 FlagKind = Literal["bool", "value", "json", "list"]
 
@@ -61,7 +61,7 @@ class FlagTable:
 
 @cache
 def ladder_step_ids() -> tuple[str, ...]:
-    """The ladder's steps, in order: runner/data/ladder.toml is their one definition."""
+    """The ladder's steps, in order: kernel/data/ladder.toml is their one definition."""
     return tuple(row.text("id") for row in packaged("ladder.toml").rows("step"))
 
 
@@ -72,7 +72,7 @@ def flag_steps() -> tuple[str, ...]:
 
 @cache
 def flag_table() -> FlagTable:
-    """The table shipped in runner/data/vllm_flags.toml."""
+    """The table shipped in kernel/data/vllm_flags.toml."""
     flags: dict[str, FlagSpec] = {}
     for row in packaged("vllm_flags.toml").rows("flag"):
         if (kind := row.text("kind")) not in get_args(FlagKind):

@@ -24,12 +24,13 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: {exc}") from None
 
 
-def packaged(name: str) -> TomlReader:
-    """A data file shipped in runner/data, through the same typed reader as a config: a bad row of ladder.toml
-    or proxies.toml is named by file, row and key, never a KeyError from deep inside a stage."""
-    origin = f"runner/data/{name}"
+def packaged(name: str, home: str = "kernel.data") -> TomlReader:
+    """A data file shipped in a package's data folder (kernel/data, or runner/data for the runner's own), through
+    the same typed reader as a config: a bad row of ladder.toml or proxies.toml is named by file, row and key,
+    never a KeyError from deep inside a stage."""
+    origin = f"{home.replace('.', '/')}/{name}"
     try:
-        data = tomllib.loads(resources.files("runner.data").joinpath(name).read_text(encoding="utf-8"))
+        data = tomllib.loads(resources.files(home).joinpath(name).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{origin}: {exc}") from None
     return TomlReader(data, origin)

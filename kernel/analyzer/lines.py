@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from runner.analyzer.rules import LineSyntax
+from kernel.analyzer.rules import LineSyntax
 
 
 @dataclass(frozen=True, slots=True)

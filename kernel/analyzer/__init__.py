@@ -1,10 +1,10 @@
 """The first-error analyzer: phases, the root-cause line, category and secondary OOM of a vLLM log,
 streaming or on files. The knowledge is data (rules.toml); this package is the machinery."""
 
-from runner.analyzer.reader import InputError
-from runner.analyzer.rules import Rules, RulesError, default_rules, load_rules
-from runner.analyzer.stream import ErrorFinding, PhaseFinding, Stall, StreamAnalyzer
-from runner.analyzer.whole_log import Analysis, analyze_lines, analyze_path, analyze_stream, analyze_text
+from kernel.analyzer.reader import InputError
+from kernel.analyzer.rules import Rules, RulesError, default_rules, load_rules
+from kernel.analyzer.stream import ErrorFinding, PhaseFinding, Stall, StreamAnalyzer
+from kernel.analyzer.whole_log import Analysis, analyze_lines, analyze_path, analyze_stream, analyze_text
 
 __all__ = [
     "Analysis",

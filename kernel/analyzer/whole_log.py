@@ -11,10 +11,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
-from runner.analyzer import scan
-from runner.analyzer.reader import SNIFF_BYTES, InputError, PrefixedReader, Readable, iter_lines, looks_binary
-from runner.analyzer.rules import Rules, default_rules
-from runner.analyzer.stream import ErrorFinding, StreamAnalyzer
+from kernel.analyzer import scan
+from kernel.analyzer.reader import SNIFF_BYTES, InputError, PrefixedReader, Readable, iter_lines, looks_binary
+from kernel.analyzer.rules import Rules, default_rules
+from kernel.analyzer.stream import ErrorFinding, StreamAnalyzer
 
 GZIP_MAGIC = b"\x1f\x8b"
 SPOOL_BYTES = 8 << 20
@@ -118,7 +118,7 @@ def analyze_stream(
     progress: scan.Progress | None = None,
 ) -> Analysis:
     """A log read from a byte stream (a file, a pipe), with memory flat in its size. InputError for
-    binary data or more than max_bytes. The lines that matter are found by runner.analyzer.scan, with
+    binary data or more than max_bytes. The lines that matter are found by kernel.analyzer.scan, with
     streaming's result; a pipe (or a gzip) is spooled to a temporary file first, so it takes that path too
     and its first error's context can be read again. `progress` is told the bytes done as it goes."""
     rules = rules or default_rules()

@@ -2,7 +2,7 @@
 
 The runner redacts each event where it is emitted (runner/events.py); the bot redacts what it stores and what
 it prints or posts (bot/store.py, bot/render.py). Both call `redactor().message` / `.json_text` / `.line`, so
-a rule added to runner/data/redaction.toml holds everywhere at once.
+a rule added to kernel/data/redaction.toml holds everywhere at once.
 
 A secret becomes `[REDACTED:<8 hex>]`, a keyed hash of its value: the same secret gets the same
 placeholder wherever it appears (env, argv, logs) and a changed secret gets another one, so two redacted
@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from runner.toml_reader import packaged
+from kernel.toml_reader import packaged
 
 KEY_ENV = "K3REPRO_REDACTION_KEY"
 PLACEHOLDER = re.compile(r"\[REDACTED:[0-9a-f]{8}\]")

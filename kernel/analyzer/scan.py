@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import BinaryIO, cast
 
-from runner.analyzer.lines import LineParser, LogLine
-from runner.analyzer.needles import needles, needles_of, superset_expression
-from runner.analyzer.rules import LineSyntax, Rules
-from runner.analyzer.stream import CONTEXT_BEFORE, ErrorFinding, StreamAnalyzer, Watch
+from kernel.analyzer.lines import LineParser, LogLine
+from kernel.analyzer.needles import needles, needles_of, superset_expression
+from kernel.analyzer.rules import LineSyntax, Rules
+from kernel.analyzer.stream import CONTEXT_BEFORE, ErrorFinding, StreamAnalyzer, Watch
 
 try:
     import hyperscan

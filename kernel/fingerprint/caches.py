@@ -1,6 +1,6 @@
 """The caches in the scene: where each cache vLLM and its libraries use lives on this host, and what is in it.
 
-The list is runner/data/caches.toml. Each cache is walked with a cap on entries and on time, in sorted order
+The list is kernel/data/caches.toml. Each cache is walked with a cap on entries and on time, in sorted order
 (so a cap cuts at the same place twice), never following a symlink and never opening a file: what is recorded
 is its location, total size, entry count, newest entry's mtime and the sha256 of its sorted index of relative
 paths and sizes, so two scenes with different cache contents differ (`k3repro diff`). These are the host's
@@ -23,8 +23,8 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
-from runner.redact import Redactor
-from runner.toml_reader import packaged
+from kernel.redact import Redactor
+from kernel.toml_reader import packaged
 
 MAX_ENTRIES = 20_000  # per cache: a compile cache has thousands; past this the walk stops and says so
 MAX_SECONDS = 1.5  # per cache: a slow or huge filesystem must not hold the freeze

@@ -12,7 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from runner.toml_reader import TomlReader, read_toml
+from kernel.toml_reader import TomlReader, read_toml
 
 SCHEMA = 1
 MAX_BYTES = 8 << 20  # a fingerprint is kilobytes; anything near this is not one
@@ -25,7 +25,7 @@ class FingerprintError(ValueError):
 
 @dataclass(frozen=True)
 class Rules:
-    """runner/data/fingerprint.toml: env capture, volatile fields, fields that matter."""
+    """kernel/data/fingerprint.toml: env capture, volatile fields, fields that matter."""
 
     env_names: frozenset[str]
     env_prefixes: tuple[str, ...]
@@ -44,7 +44,7 @@ class Rules:
 
 @cache
 def rules() -> Rules:
-    path = Path(str(resources.files("runner.data").joinpath("fingerprint.toml")))
+    path = Path(str(resources.files("kernel.data").joinpath("fingerprint.toml")))
     reader = TomlReader(read_toml(path), str(path))
     return Rules(
         env_names=frozenset(reader.texts("env_names")),

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
-from runner.baseline.scene_facts import Facts, major_minor, shown
+from kernel.baseline.scene_facts import Facts, major_minor, shown
 
 
 @dataclass(frozen=True)

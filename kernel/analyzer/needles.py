@@ -1,6 +1,6 @@
 """Literal needles of a regex: strings at least one of which occurs in any text the regex finds.
 
-Whole-file analysis (runner.analyzer.scan) searches for them with Hyperscan to jump over lines that cannot
+Whole-file analysis (kernel.analyzer.scan) searches for them with Hyperscan to jump over lines that cannot
 change the result. They are derived from the patterns themselves, so rules.toml stays the only knowledge
 and a new rule cannot be forgotten: a pattern with no usable literal makes the derivation fail (None).
 """

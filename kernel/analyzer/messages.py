@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from kernel.analyzer.stream import ErrorFinding
 from protos import runner_pb2 as pb
 from protos.vocab import from_id
-from runner.analyzer.stream import ErrorFinding
 
 
 def first_error_message(finding: ErrorFinding) -> pb.FirstError:

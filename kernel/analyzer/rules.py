@@ -15,8 +15,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+from kernel.analyzer.needles import needles_of
 from protos.vocab import CATEGORIES, PHASES, UNKNOWN_PHASE
-from runner.analyzer.needles import needles_of
 
 RuleKind = Literal["root", "wrapper", "benign", "weak"]
 _KINDS: tuple[RuleKind, ...] = ("root", "wrapper", "benign", "weak")
@@ -109,7 +109,7 @@ class ErrorRule:
 
 @dataclass(frozen=True)
 class ScanSyntax:
-    """What whole-file analysis searches for: the literal needles of the patterns (runner.analyzer.needles)."""
+    """What whole-file analysis searches for: the literal needles of the patterns (kernel.analyzer.needles)."""
 
     errors: frozenset[str]  # lines that can open or name an error: rules, exceptions, error levels, tracebacks
     oom: frozenset[str]  # a later OOM (what matters of errors once the first is known, with wrappers)
@@ -447,5 +447,5 @@ def load_rules(path: str | Path) -> Rules:
 @cache
 def default_rules() -> Rules:
     """The shipped rules.toml, parsed once per process."""
-    text = resources.files("runner.analyzer").joinpath("rules.toml").read_text(encoding="utf-8")
+    text = resources.files("kernel.analyzer").joinpath("rules.toml").read_text(encoding="utf-8")
     return parse_rules(tomllib.loads(text))

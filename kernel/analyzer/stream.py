@@ -34,10 +34,10 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from kernel.analyzer.lines import LineParser, LogLine
+from kernel.analyzer.rules import Context, ErrorRule, Marker, Rules, default_rules, gate
+from kernel.analyzer.signature import signature
 from protos.vocab import PHASES, UNKNOWN_PHASE
-from runner.analyzer.lines import LineParser, LogLine
-from runner.analyzer.rules import Context, ErrorRule, Marker, Rules, default_rules, gate
-from runner.analyzer.signature import signature
 
 _PHASE_ORDER = {phase: i for i, phase in enumerate(PHASES)}
 # watch(): first error still open; markers and other patterns whose lines count anywhere; later OOMs
@@ -331,7 +331,7 @@ class StreamAnalyzer:
     def holds_logged_error(self) -> bool:
         """For whole-file analysis: nothing failed, is open or stopped the search, and a logged error line is held
         (the first error unless a stronger one comes). A later line at an error level then changes the result only
-        as the header of a traceback that follows it, or by the frames it names (runner.analyzer.scan)."""
+        as the header of a traceback that follows it, or by the frames it names (kernel.analyzer.scan)."""
         return self._first_error is None and not self._open and not self._stopped_at and bool(self._weak)
 
     def stalled(self, now: float, threshold_s: float) -> Stall | None:

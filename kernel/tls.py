@@ -13,7 +13,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from runner.config import TlsFiles
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """A server's certificate and key; with `client_ca`, clients must present a certificate signed by it (mTLS)."""
+
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
 
 
 def pem_problem(path: Path) -> str | None:
