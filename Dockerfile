@@ -9,6 +9,7 @@ COPY kernel kernel
 COPY runner runner
 COPY bot bot
 COPY vllm_sim vllm_sim
+COPY demo demo
 RUN python -m venv /opt/k3repro && /opt/k3repro/bin/pip install .
 
 FROM python:3.11-slim AS base

@@ -29,8 +29,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bot.commands.demo import demo
 from bot.store import Store
+from demo.run import demo
 from protos import runner_pb2 as pb
 from vllm_sim.catalog import catalog
 from vllm_sim.scenario import builtin_scenarios, load_scenario, scenario_path

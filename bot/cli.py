@@ -77,7 +77,7 @@ def _add(sub: argparse._SubParsersAction[argparse.ArgumentParser], operation: Op
             action="append" if option.repeat else "store", default=[] if option.repeat else option.default,
         )  # fmt: skip
     module, _, function = operation.cli.partition(":")
-    parser.set_defaults(func=getattr(importlib.import_module(f"bot.commands.{module}"), function))
+    parser.set_defaults(func=getattr(importlib.import_module(module), function))
 
 
 def positive(text: str) -> float:

@@ -65,7 +65,9 @@ class Operation:
     `summary` is the one line both surfaces show; `answers[surface]` says what that surface answers with, added
     after it. `operates`: it changes something, so only the cluster's operators may run it and (in Slack) only
     in the cluster's channels. `immediate`: answered in Slack's ack itself (pure: no store, no runner).
-    `cli`: the terminal's handler, "module:function" under bot/commands, imported only when it runs.
+    `cli`: the terminal's handler, "package.module:function", imported only when it runs: the bot's commands
+    (bot/commands), the GPU host's tools (runner/tools: a host with only the runner installed runs them) and
+    the demo that wires the products together (demo/).
     `actions`: sub-operations (`bundle export`, `bundle import`), each with its own arguments and handler."""
 
     name: str
@@ -141,7 +143,7 @@ OPERATIONS: tuple[Operation, ...] = (
         ),
         operates=True,
         answers={SLACK: "its thread tells the story", CLI: "followed live here (Ctrl-C detaches)"},
-        cli="start:run_start",
+        cli="bot.commands.start:run_start",
     ),
     Operation(
         "watch",
@@ -149,7 +151,7 @@ OPERATIONS: tuple[Operation, ...] = (
         args=(_RUN,),
         options=(_LOGS,),
         surfaces=_CLI_ONLY,
-        cli="start:run_watch",
+        cli="bot.commands.start:run_watch",
     ),
     Operation(
         "status",
@@ -165,7 +167,7 @@ OPERATIONS: tuple[Operation, ...] = (
             SLACK: "those of this channel's clusters, to their operators",
             CLI: "those of every cluster in this store",
         },
-        cli="runs:list_runs",
+        cli="bot.commands.runs:list_runs",
     ),
     Operation(
         "show",
@@ -177,9 +179,9 @@ OPERATIONS: tuple[Operation, ...] = (
             _cli_option("timeline", "also draw the run's launches as a PNG", "FILE", type="path"),
         ),
         surfaces=_CLI_ONLY,
-        cli="runs:show_run",
+        cli="bot.commands.runs:show_run",
     ),
-    Operation("cancel", "cancel an active run", args=(_RUN,), operates=True, cli="runs:cancel_run"),
+    Operation("cancel", "cancel an active run", args=(_RUN,), operates=True, cli="bot.commands.runs:cancel_run"),
     Operation(
         "rerun",
         "rerun a run's frozen case on an isolated node",
@@ -187,7 +189,7 @@ OPERATIONS: tuple[Operation, ...] = (
         options=(_LOGS,),
         operates=True,
         answers={SLACK: "the answer shows what it launches", CLI: "prints the verdict"},
-        cli="rerun:run",
+        cli="bot.commands.rerun:run",
     ),
     Operation(
         "minimize",
@@ -195,14 +197,14 @@ OPERATIONS: tuple[Operation, ...] = (
         args=(Arg("run", "RUN", "a finished run whose ladder named a trigger step"),),
         options=(_LOGS,),
         operates=True,
-        cli="minimize:run",
+        cli="bot.commands.minimize:run",
     ),
     Operation(
         "runners",
         "every runner: reachable, idle or busy",
         args=(Arg("cluster", "CLUSTER", optional=True),),
         answers={SLACK: "addresses to the cluster's operators", CLI: "with its address"},
-        cli="runs:list_runners",
+        cli="bot.commands.runs:list_runners",
     ),
     Operation(
         "baseline",
@@ -215,7 +217,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "add to a cluster's change log (time + what changed)",
         args=(_CLUSTER, Arg("text", "TEXT", "what changed, e.g. 'driver 580.82 -> 580.95 on gpu-a1'", rest=True)),
         operates=True,
-        cli="note:run",
+        cli="bot.commands.note:run",
     ),
     Operation("help", "this list", surfaces=frozenset({SLACK}), immediate=True),
     Operation(
@@ -224,7 +226,7 @@ OPERATIONS: tuple[Operation, ...] = (
         args=(_RUN,),
         options=(_cli_option("output", "write it to FILE instead of stdout", "FILE", short="-o", type="path"),),
         surfaces=_CLI_ONLY,
-        cli="report:write_report",
+        cli="bot.commands.report:write_report",
     ),
     Operation(
         "bundle",
@@ -239,14 +241,14 @@ OPERATIONS: tuple[Operation, ...] = (
                     _cli_option("output", "the bundle file to write", "OUTPUT", short="-o", type="path", required=True),
                 ),
                 surfaces=_CLI_ONLY,
-                cli="bundle:run_export",
+                cli="bot.commands.bundle:run_export",
             ),
             Operation(
                 "import",
                 "verify a bundle and add its run to this store",
                 args=(Arg("file", "FILE", type="path"),),
                 surfaces=_CLI_ONLY,
-                cli="bundle:run_import",
+                cli="bot.commands.bundle:run_import",
             ),
         ),
     ),
@@ -277,7 +279,7 @@ OPERATIONS: tuple[Operation, ...] = (
             ),
         ),
         surfaces=_CLI_ONLY,
-        cli="demo:run",
+        cli="demo.run:run",
     ),
     Operation(
         "dev-certs",
@@ -287,7 +289,7 @@ OPERATIONS: tuple[Operation, ...] = (
             _cli_option("host", "a name or IP the runner certificate is valid for (repeatable)", "HOST", repeat=True),
         ),
         surfaces=_CLI_ONLY,
-        cli="dev_certs:run",
+        cli="bot.commands.dev_certs:run",
     ),
     Operation(
         "analyze",
@@ -304,7 +306,7 @@ OPERATIONS: tuple[Operation, ...] = (
         surfaces=_CLI_ONLY,
         description="Analyze a vLLM log (a file, or - for standard input). Exit 0 when the analysis ran, "
         "whether or not it found a failure; 2 when the input cannot be read.",
-        cli="analyze:run",
+        cli="bot.commands.analyze:run",
     ),
     Operation(
         "fingerprint",
@@ -312,7 +314,7 @@ OPERATIONS: tuple[Operation, ...] = (
         options=(*_TARGET, _cli_option("json", "print the fingerprint JSON (stable contract)")),
         surfaces=_CLI_ONLY,
         description="Take an environment fingerprint. Without --image or --python, the Python on PATH is probed.",
-        cli="fingerprint:run",
+        cli="runner.tools.fingerprint:run",
     ),
     Operation(
         "check",
@@ -332,7 +334,7 @@ OPERATIONS: tuple[Operation, ...] = (
         ),
         surfaces=_CLI_ONLY,
         description="Exit 0 when the verdict is pass or warn, 1 when it is fail, 2 on bad input.",
-        cli="check:run",
+        cli="runner.tools.check:run",
     ),
     Operation(
         "diff",
@@ -341,7 +343,7 @@ OPERATIONS: tuple[Operation, ...] = (
         options=(_cli_option("json", "print the differences as JSON"),),
         surfaces=_CLI_ONLY,
         description="Exit 0 when both are the same scene (equal sha256), 1 when they differ, 2 on bad input.",
-        cli="diff:run",
+        cli="bot.commands.diff:run",
     ),
 )
 

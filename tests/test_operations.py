@@ -133,7 +133,7 @@ def test_every_terminal_operation_has_its_handler() -> None:
             assert bool(leaf.cli) == (CLI in leaf.surfaces), leaf.name  # Slack-only ones have none
             if leaf.cli:
                 module, _, function = leaf.cli.partition(":")
-                handled[leaf.name] = getattr(importlib.import_module(f"bot.commands.{module}"), function)
+                handled[leaf.name] = getattr(importlib.import_module(module), function)
     assert all(callable(work) for work in handled.values())
     check_handled(CLI, {op.name for op in on(CLI).values() if not op.actions})
     with pytest.raises(RegistryError, match=r"no handler for \['diff'\]"):

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from bot.commands.common import CommandError
-from bot.commands.demo import demo
+from demo.run import demo
 from tests.k3fixtures import SIM_SPEED
 from vllm_sim.scenario import builtin_scenarios, scenario_path
 

@@ -16,8 +16,8 @@ import textwrap
 from pathlib import Path
 
 from bot.bundle import export_bundle
-from bot.commands.demo import demo
 from bot.store import Store
+from demo.run import demo
 from kernel.redact import redactor
 from runner.stacks.dump import dump_pids
 from tests.k3fixtures import SIM_SPEED

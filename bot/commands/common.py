@@ -14,11 +14,8 @@ from bot.config import BotConfig, check_tls, config_path, load_bot_config
 from bot.coordinator import Coordinator
 from bot.render import TextRenderer
 from bot.store import AsyncStore
+from kernel.usage import CommandError as CommandError  # the commands' refusal, raised by host tools too
 from protos import runner_pb2 as pb
-
-
-class CommandError(Exception):
-    """Printed as `k3repro: <message>` with exit code 2; nothing was changed."""
 
 
 def said(exc: BaseException) -> str:

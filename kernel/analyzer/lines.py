@@ -12,6 +12,10 @@ from dataclasses import dataclass
 
 from kernel.analyzer.rules import LineSyntax
 
+# A quoted value up to its closing quote (escaped quotes and backslashes inside), and one escape in it.
+_QUOTED_VALUE = re.compile(r'(?:[^"\\]|\\.)*+')
+_ESCAPE = re.compile(r'\\(["\\])')
+
 
 @dataclass(frozen=True, slots=True)
 class LogLine:
@@ -30,6 +34,7 @@ class LineParser:
         self._process = syntax.process
         # The alternatives of each list in one pattern: one `match` per line instead of one per entry.
         self._wrappers = re.compile("|".join(f"(?:{w.pattern})" for w in syntax.wrappers) or r"(?!)")
+        self._quoted = syntax.quoted
         self._suffixes = re.compile("|".join(f"(?:{s.pattern})" for s in syntax.suffixes) or r"(?!)")
         parts = []
         self._header_groups: list[tuple[str, str | None]] = []
@@ -59,8 +64,16 @@ class LineParser:
             text = self._ansi.sub("", text)
         elif "^[[" in text:  # colour codes pasted as caret text: the display keeps them, as the paste has them
             text = self._ansi.sub("", text)
-        while (match := self._wrappers.match(text)) and match.end():
-            text = text[match.end() :]
+        while True:
+            if (match := self._wrappers.match(text)) and match.end():
+                text = text[match.end() :]
+            elif self._quoted is not None and (match := self._quoted.match(text)):
+                # (the value's own text: what follows its closing quote is the collector's other fields)
+                value = _QUOTED_VALUE.match(text, match.end())
+                assert value is not None  # (it matches the empty value too)
+                text = _ESCAPE.sub(r"\1", value[0])
+            else:
+                break
         proc = ""
         if text[:1] in "([":
             end = 0

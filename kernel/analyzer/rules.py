@@ -37,6 +37,8 @@ class LineSyntax:
     headers: tuple[re.Pattern[str], ...]
     error_levels: frozenset[str]
     code: re.Pattern[str]
+    # A collector that re-logs each line as a quoted value (logfmt `msg="…"`): the line is that value, unescaped.
+    quoted: re.Pattern[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -286,6 +288,7 @@ def parse_rules(data: Mapping[str, Any], origin: str = "rules.toml") -> Rules:
         headers=tuple(_compile(p, "line.headers") for p in line.texts("headers")),
         error_levels=frozenset(line.texts("error_levels")),
         code=line.regex("code"),
+        quoted=line.regex("quoted") if "quoted" in line.data else None,
     )
     tb = top.table("traceback")
     traceback = TracebackSyntax(

@@ -7,8 +7,8 @@ import os
 import shutil
 from typing import Any
 
-from bot.commands.common import CommandError
 from kernel.fingerprint import to_text
+from kernel.usage import CommandError
 from runner.fingerprint import ImageTarget, PythonTarget, Target, collect
 from runner.nvml import PynvmlSource
 

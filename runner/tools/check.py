@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from bot.commands.common import CommandError
-from bot.commands.fingerprint import take
 from kernel.baseline import load_baseline, report_text
 from kernel.fingerprint import FingerprintError, load_fingerprint
+from kernel.usage import CommandError
+from runner.tools.fingerprint import take
 
 
 def run(args: argparse.Namespace) -> int:

@@ -53,7 +53,7 @@ def _workdir() -> Iterator[Path]:
     standard input closes, however this process ends), then kills the engines of the demo's runs and removes the
     folder. The guard has its own session: a Ctrl-C in the terminal is the demo's to handle."""
     with tempfile.TemporaryDirectory(prefix="k3repro-demo-") as tmp:
-        code = "import sys; from bot.commands.demo_guard import guard; guard(sys.argv[1])"
+        code = "import sys; from demo.guard import guard; guard(sys.argv[1])"
         guard = subprocess.Popen([sys.executable, "-c", code, tmp], stdin=subprocess.PIPE, start_new_session=True)
         yield Path(tmp)
     assert guard.stdin is not None

@@ -1,4 +1,4 @@
-"""The guard of a `k3repro demo` (bot/commands/demo.py): what a killed demo leaves, removed once it is gone."""
+"""The guard of a `k3repro demo` (demo/run.py): what a killed demo leaves, removed once it is gone."""
 
 from __future__ import annotations
 
