@@ -95,6 +95,7 @@ TIERS: dict[str, str] = {
     "test_method": "sim",
     "test_metrics": "sim",
     "test_minimize": "sim",
+    "test_products": "unit",
     "test_ports": "sim",
     "test_processes": "sim",
     "test_operations": "unit",
