@@ -27,12 +27,12 @@ LABELS = [json.loads(line) for line in (EXCERPTS / "labels.jsonl").read_text(enc
 # 15/13/17, after the rules 19/18/19. Batch 7 (h01-h23), 23 logs: first sight 17/19/21.
 BATCHES = {
     ("e01.log", "e22.log"): {"phase": 21, "category": 22, "first_error_line": 22},
-    ("e23.log", "e49.log"): {"phase": 25, "category": 27, "first_error_line": 26},
+    ("e23.log", "e49.log"): {"phase": 26, "category": 27, "first_error_line": 26},
     ("e50.log", "e69.log"): {"phase": 20, "category": 20, "first_error_line": 20},
     ("e70.log", "e89.log"): {"phase": 20, "category": 20, "first_error_line": 20},
     ("f01.log", "f20.log"): {"phase": 19, "category": 19, "first_error_line": 17},
-    ("g01.log", "g20.log"): {"phase": 19, "category": 18, "first_error_line": 19},
-    ("h01.log", "h23.log"): {"phase": 17, "category": 19, "first_error_line": 21},
+    ("g01.log", "g20.log"): {"phase": 20, "category": 19, "first_error_line": 20},
+    ("h01.log", "h23.log"): {"phase": 21, "category": 22, "first_error_line": 23},
 }
 
 

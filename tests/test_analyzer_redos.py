@@ -47,8 +47,10 @@ ANCHORED = (
     "line.process",
     "line.headers",
     "line.code",
+    "line.quoted",
     "traceback.",
     "parser._wrappers",
+    "parser._quoted",
     "parser._headers",
 )
 
