@@ -234,8 +234,21 @@ def test_ansi_colours_display_like_the_labels() -> None:
         "2025-11-19T20:16:36.096638074+00:00 stdout F {}",
         "Nov 19 20:16:36 gpu-a1 vllm[4242]: {}",
         "2025-11-19T20:16:36+0000 gpu-a1 vllm[4242]: {}",
+        "> {}",
+        "> > {}",
+        "2025-06-06T19:02:40.751Z DEBUG dynamo_run::subprocess: {}",
     ],
-    ids=["docker-compose", "cloud-logging", "docker-logs-t", "cri-log-file", "journalctl", "journalctl-short-iso"],
+    ids=[
+        "docker-compose",
+        "cloud-logging",
+        "docker-logs-t",
+        "cri-log-file",
+        "journalctl",
+        "journalctl-short-iso",
+        "markdown-quote",
+        "markdown-quote-nested",
+        "tracing-relogger",
+    ],
 )
 def test_collector_wrappers_are_stripped(wrap: str) -> None:
     lines = [wrap.format(line) for line in [*STARTUP, *ROOT_TB]]
@@ -364,3 +377,123 @@ def test_a_kernel_fault_while_serving_points_at_the_kernel_not_at_the_request() 
     error = analyze_text(log).first_error
     assert error is not None and (error.phase, error.category) == ("request", "request_error")
     assert "CUDA_LAUNCH_BLOCKING=1" in error.hint and "--max-model-len" not in error.hint
+
+
+def test_logfmt_values_are_read_unquoted() -> None:
+    # Docker Model Runner re-logs vLLM's stderr as logfmt values, quotes escaped.
+    lines = [
+        'time="2026-01-29T14:55:54Z" level=info msg="{}" component=vllm'.format(line.replace('"', '\\"'))
+        for line in ROOT_TB
+    ]
+    result = analyze_text("\n".join(lines))
+    assert result.first_error is not None
+    assert (result.first_error.line, result.first_error.category) == (lines[-1], "nccl_comm")
+    assert result.first_error.phase == "gpu_detect"  # by the frames (init_device), read once unquoted
+
+
+@pytest.mark.parametrize(
+    ("line", "level", "src"),
+    [
+        ("[2025-01-23 01:25:24,152] LMCache ERROR: x (cache_engine.py:423:lmcache)", "ERROR", ""),
+        ("[2025-03-01 12:00:00,123] ERROR: x (router.py:88:vllm_router)", "ERROR", ""),
+        ("[ERROR|2025-05-10 12:34:56] llamafactory.model.loader:143 >> x", "ERROR", "llamafactory.model.loader:143"),
+        ("[WARNING|logging.py:328] 2025-05-10 12:34:56,789 >> x", "WARNING", "logging.py:328"),
+        ("ERROR 2025-01-01 12:00:00,123 default_LLMServer abc123 replica.py:1234 - x", "ERROR", "replica.py:1234"),
+        ("2025-06-06T09:52:01.833Z ERROR core.run_engine_core: x", "ERROR", ""),
+        ("`ERROR [hermes_tool_parser.py:110] x", "ERROR", "hermes_tool_parser.py:110"),
+    ],
+    ids=["lmcache", "production-stack", "llamafactory", "transformers", "ray-serve", "tracing-error", "code-span"],
+)
+def test_log_headers_of_the_tools_that_deploy_vllm(line: str, level: str, src: str) -> None:
+    parsed = LineParser(default_rules().line).parse(line)
+    assert (parsed.level, parsed.src) == (level, src)
+    assert parsed.msg.startswith("x")
+
+
+@pytest.mark.parametrize(
+    "proc",
+    [
+        "(ServeReplica:default:LLMServer pid=77)",
+        "(MapWorker(MapBatches(vLLMEngineStageUDF)) pid=9, ip=10.0.0.1)",
+        "(raylet, ip=10.0.0.1)",
+        "(WorkerDict pid=1790, ip=10.0.0.1)",
+    ],
+)
+def test_ray_actor_prefixes_are_process_prefixes(proc: str) -> None:
+    parsed = LineParser(default_rules().line).parse(f"{proc} ERROR 11-19 20:16:36 [core.py:866] x")
+    assert (parsed.proc, parsed.level, parsed.msg) == (proc, "ERROR", "x")
+
+
+def test_a_linker_error_before_the_engine_failed_to_start_is_the_root_cause() -> None:
+    lines = [
+        *STARTUP,
+        f"{CORE}INFO 07-01 09:41:05 [backends.py:430] Dynamo bytecode transform time: 13.06 s",
+        "/usr/bin/ld: cannot find -lcuda: No such file or directory",
+        "collect2: error: ld returned 1 exit status",
+        f"{CORE_ERR}EngineCore failed to start.",
+        *traceback(CORE_ERR, ["run_engine_core", "_initialize_kv_caches"], "subprocess.CalledProcessError: x"),
+    ]
+    result = analyze_text("\n".join(lines))
+    assert result.first_error is not None
+    assert result.first_error.line == lines[len(STARTUP) + 1]
+    assert (result.first_error.phase, result.first_error.category) == ("engine_init", "compile")
+
+
+def test_a_kernel_whose_ptx_cannot_be_loaded_is_placed_only_by_the_log() -> None:
+    error = "torch.AcceleratorError: CUDA error: the provided PTX was compiled with an unsupported toolchain."
+    alone = analyze_text(error).first_error
+    assert alone is not None and (alone.phase, alone.category) == ("unknown", "ptx_toolchain")
+    startup = traceback(CORE_ERR, ["run_engine_core", "_initialize_kv_caches", "forward"], error)
+    placed = analyze_text("\n".join(startup)).first_error
+    assert placed is not None and (placed.phase, placed.category) == ("engine_init", "ptx_toolchain")
+
+
+def test_a_compile_time_traceback_is_a_compile_failure_wherever_it_ran() -> None:
+    frames = [
+        '  File "/opt/conda/lib/python3.10/site-packages/torch/_dynamo/convert_frame.py", line 986, in _compile',
+        "    guarded_code = compile_inner(code, one_graph, hooks, transform)",
+        '  File "/opt/conda/lib/python3.10/site-packages/torch/_inductor/compile_fx.py", line 1741, in fw_compiler_base',
+        "    return inner_compile(",
+    ]
+    result = analyze_text("\n".join(f"{CORE_ERR}{line}" for line in frames))
+    assert result.first_error is not None
+    assert (result.first_error.phase, result.first_error.category) == ("unknown", "compile")
+    # a compiled graph that runs (eval_frame, aot_autograd's forward) is no compilation
+    running = [
+        '  File "/usr/lib/python3.12/site-packages/torch/_dynamo/eval_frame.py", line 838, in _fn',
+        "    return fn(*args, **kwargs)",
+        '  File "/usr/lib/python3.12/site-packages/torch/_functorch/aot_autograd.py", line 1209, in forward',
+    ]
+    ran = analyze_text("\n".join(f"{CORE_ERR}{line}" for line in running)).first_error
+    assert ran is not None and ran.category == "other"
+
+
+def test_a_notebook_traceback_is_read_like_a_script_one() -> None:
+    lines = [
+        "---------------------------------------------------------------------------",
+        "ValueError                                Traceback (most recent call last)",
+        "Cell In[3], line 3",
+        "      1 from vllm import LLM",
+        "----> 3 llm = LLM(model='m')",
+        "",
+        "File /usr/local/lib/python3.10/site-packages/vllm/v1/worker/gpu_worker.py:160, in Worker.init_device(self)",
+        "    158     torch.cuda.set_device(self.device)",
+        "--> 160 current_platform.check_if_supports_dtype(self.model_config.dtype)",
+        "",
+        "ValueError: the GPU's dtype check failed",
+    ]
+    result = analyze_text("\n".join(lines))
+    assert result.first_error is not None
+    assert (result.first_error.line, result.first_error.phase) == (lines[-1], "gpu_detect")
+
+
+def test_serving_frames_of_parsers_and_generation_place_the_request() -> None:
+    for frame in (
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/openai/tool_parsers/hermes_tool_parser.py",'
+        " line 88, in extract_tool_calls",
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/llm.py", line 390, in generate',
+        "    lambda _: future.result(), scheduler_output)",
+    ):
+        lines = ["Traceback (most recent call last):", frame, "json.decoder.JSONDecodeError: Extra data: line 3"]
+        error = analyze_text("\n".join(lines)).first_error
+        assert error is not None and (error.phase, error.category) == ("request", "request_error"), frame
