@@ -19,11 +19,15 @@ Hyperscan is optional (x86-64 wheels): without it, analyze_stream reads every li
 from __future__ import annotations
 
 import bisect
+import hashlib
 import io
+import os
+import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import BinaryIO, cast
 
 from kernel.analyzer.lines import LineParser, LogLine
@@ -200,17 +204,66 @@ def _database(literals: frozenset[str], expressions: tuple[bytes, ...] = ()) -> 
     """The databases of a search: its needles, and apart its expressions (which change less often: together
     they compile several times slower, once per watch the analyzer has)."""
     # A needle that contains another is redundant; fewer needles scan faster.
-    by_length = sorted(literals, key=len)
+    by_length = sorted(literals, key=lambda n: (len(n), n))  # in one order in every process: _compiled stores it
     kept = tuple(_literal(n) for i, n in enumerate(by_length) if not any(m in n for m in by_length[:i]))
     return tuple((_compiled(part), len(kept) if part is kept else 0) for part in (kept, expressions) if part)
 
 
+# What a stored database's name depends on besides its patterns: the bindings' version, the mode and flags.
+_CACHE_FORMAT = ("hyperscan", getattr(hyperscan, "__version__", "") if _HYPERSCAN else "", "block", "flags 0")
+_CACHE_FILES = 256  # the most databases kept on disk (a few MiB); the oldest go first
+
+
 @lru_cache(maxsize=64)
 def _compiled(patterns: tuple[bytes, ...]) -> hyperscan.Database:
-    """One compiled database per set of patterns, kept for the process."""
-    db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-    db.compile(expressions=list(patterns), ids=list(range(len(patterns))), flags=[0] * len(patterns))
+    """One compiled database per set of patterns, kept for the process and on disk (_stored): compiling a
+    log's databases (20-40 of them, 5 ms each) was most of a short log's analysis; a stored one loads in
+    microseconds."""
+    path = _cache_dir() / f"{hashlib.sha256(repr((_CACHE_FORMAT, patterns)).encode()).hexdigest()}.hsdb"
+    db = _stored(path)
+    if db is None:
+        db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        db.compile(expressions=list(patterns), ids=list(range(len(patterns))), flags=[0] * len(patterns))
+        _store(path, db)
     return db
+
+
+def _cache_dir() -> Path:
+    """Where compiled databases are kept: $XDG_CACHE_HOME/k3repro/hyperscan (~/.cache by default)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "k3repro" / "hyperscan"
+
+
+def _stored(path: Path) -> hyperscan.Database | None:
+    """The database stored at path, or None when there is none or it cannot be used (another Hyperscan
+    version or CPU, a damaged file: Hyperscan checks its header and checksum)."""
+    try:
+        db = hyperscan.loadb(path.read_bytes(), hyperscan.HS_MODE_BLOCK)
+        db.scratch = hyperscan.Scratch(db)
+    except (OSError, hyperscan.error):
+        return None
+    return db
+
+
+def _store(path: Path, db: hyperscan.Database) -> None:
+    """Keep a compiled database for the next run; silently nothing where the cache cannot be written (a
+    read-only home, a full disk): the next run compiles again. Written whole, then renamed: a process that
+    reads it concurrently sees the old state or the new one."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".", suffix=".tmp", delete=False) as out:
+            try:
+                out.write(hyperscan.dumpb(db))
+                out.close()
+                os.replace(out.name, path)
+            except BaseException:
+                os.unlink(out.name)
+                raise
+        kept = sorted(path.parent.glob("*.hsdb"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in kept[_CACHE_FILES:]:
+            old.unlink(missing_ok=True)
+    except (OSError, hyperscan.error):
+        pass
 
 
 def _blocks(stream: BinaryIO, long_line: int, size: int = CHUNK_BYTES) -> Iterator[tuple[bytearray, int, int]]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import tempfile
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO, cast
@@ -148,15 +149,38 @@ def _analyze_read(
     with tempfile.TemporaryFile(prefix="k3repro-analyze-") as spool:
         spool.write(head)
         done = len(head)
-        while chunk := rest.read(SPOOL_BYTES):
-            done += len(chunk)
+        for count in _spool(rest, spool):
+            done += count
             if max_bytes is not None and done > max_bytes:
                 raise InputError(f"input is larger than {max_bytes // (1 << 20)} MiB")
-            spool.write(chunk)
             if progress is not None:
                 progress(done, None)
         spool.seek(0)
         return _finish(*scan.analyze_file(cast(BinaryIO, spool), rules, progress=progress))
+
+
+def _spool(rest: Readable, spool: BinaryIO) -> Iterator[int]:
+    """Copy the rest of a stream to the spool, up to SPOOL_BYTES a step: how many bytes each step moved. A pipe
+    (`cat vllm.log | k3repro analyze -`) is spliced, page by page inside the kernel, after what its reader
+    holds already; anything else is read and written."""
+    if isinstance(rest, io.BufferedReader) and hasattr(os, "splice"):
+        held = rest.read(len(rest.peek(1)))  # what the reader holds (one read of the pipe if nothing)
+        spool.write(held)
+        spool.flush()
+        yield len(held)
+        try:
+            fd, out = rest.fileno(), spool.fileno()
+            count = os.splice(fd, out, SPOOL_BYTES)
+        except OSError:  # not a pipe (a terminal, a socket): read as anything else
+            count = -1
+        if count >= 0:
+            while count:
+                yield count
+                count = os.splice(fd, out, SPOOL_BYTES)
+            return
+    while chunk := rest.read(SPOOL_BYTES):
+        spool.write(chunk)
+        yield len(chunk)
 
 
 def _refuse_binary(head: bytes, what: str) -> None:

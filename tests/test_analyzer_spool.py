@@ -1,0 +1,126 @@
+"""What makes whole-file analysis fast without changing its result: a pipe spliced into the spool, compiled
+Hyperscan databases kept on disk between runs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import hyperscan
+import pytest
+
+from kernel.analyzer import analyze_stream
+from kernel.analyzer import scan as scan_module
+from kernel.analyzer.reader import InputError
+from tests.analyzer_logs import FIRST_ERROR, dense_lines
+from tests.test_analyzer_scan import streamed
+
+PATTERNS = (b"\\x45\\x52\\x52\\x4f\\x52", b"Traceback[^\\n]*call")
+
+
+def _log() -> bytes:
+    """A log several times a pipe's buffer, its first error in the middle."""
+    lines = dense_lines(random.Random(3), 6000)
+    return ("\n".join([*lines[:3000], FIRST_ERROR, *lines[3000:]]) + "\n").encode()
+
+
+@pytest.fixture
+def pipe() -> Iterator[tuple[BinaryIO, bytes]]:
+    """A real pipe (as `cat vllm.log | k3repro analyze -` gives), written by a thread."""
+    data = _log()
+    read_end, write_end = os.pipe()
+
+    def write() -> None:
+        with contextlib.suppress(BrokenPipeError), os.fdopen(write_end, "wb") as out:  # a refusal stops reading
+            out.write(data)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    with os.fdopen(read_end, "rb") as stream:
+        yield stream, data
+    writer.join()
+
+
+def _count_splices(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    moved: list[int] = []
+    splice = os.splice
+
+    def counted(*args: Any) -> int:
+        moved.append(splice(*args))
+        return moved[-1]
+
+    monkeypatch.setattr(os, "splice", counted)
+    return moved
+
+
+def test_a_pipe_is_spliced_with_streamings_result(
+    pipe: tuple[BinaryIO, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stream, data = pipe
+    moved = _count_splices(monkeypatch)
+    read: list[int] = []
+    assert analyze_stream(stream, progress=lambda done, _total: read.append(done)) == streamed(data)
+    assert sum(moved) > len(data) // 2  # the sniffed head and what the reader held are written, the rest spliced
+    assert read[-1] == len(data)
+
+
+def test_a_spliced_pipe_past_the_limit_is_refused(pipe: tuple[BinaryIO, bytes]) -> None:
+    stream, data = pipe
+    with pytest.raises(InputError, match="larger than"):
+        analyze_stream(stream, max_bytes=len(data) // 2)
+
+
+def _matches(db: hyperscan.Database) -> list[tuple[int, int]]:
+    found: list[tuple[int, int]] = []
+    db.scan(
+        b"x ERROR y\nTraceback (most recent call last):\n",
+        match_event_handler=lambda i, _f, t, *_: found.append((i, t)),
+    )
+    return found
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    return tmp_path / "k3repro" / "hyperscan"
+
+
+def test_a_compiled_database_is_stored_and_loaded(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    compiled = scan_module._compiled.__wrapped__(PATTERNS)
+    assert len(list(cache.glob("*.hsdb"))) == 1
+
+    def refuse(*_args: Any, **_kwargs: Any) -> None:
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(hyperscan, "Database", refuse)
+    assert _matches(scan_module._compiled.__wrapped__(PATTERNS)) == _matches(compiled) == [(0, 7), (1, 37)]
+
+
+def test_a_damaged_stored_database_is_compiled_again(cache: Path) -> None:
+    scan_module._compiled.__wrapped__(PATTERNS)
+    (stored,) = cache.glob("*.hsdb")
+    stored.write_bytes(stored.read_bytes()[:100])
+    assert _matches(scan_module._compiled.__wrapped__(PATTERNS)) == [(0, 7), (1, 37)]
+    assert stored.stat().st_size > 100  # stored again, whole
+
+
+def test_an_unwritable_cache_only_costs_the_compile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "k3repro").write_text("a file where the cache's folder would be")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert _matches(scan_module._compiled.__wrapped__(PATTERNS)) == [(0, 7), (1, 37)]
+
+
+def test_the_cache_keeps_the_newest_databases(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scan_module, "_CACHE_FILES", 2)
+    names = []
+    for i in range(4):
+        scan_module._compiled.__wrapped__((b"needle%d" % i,))
+        (new,) = (p for p in cache.glob("*.hsdb") if p.name not in names)
+        os.utime(new, (i, i))  # stored one after the other, whatever the file system's clock resolution
+        names.append(new.name)
+    assert sorted(p.name for p in cache.glob("*.hsdb")) == sorted(names[2:])
