@@ -334,6 +334,13 @@ def first_error_blocks(error: FirstError) -> list[Block]:
     return blocks
 
 
+def update_note(error: FirstError) -> str:
+    """What an update to the first error above changes (the wire's `update`; today only a later OOM)."""
+    if error.secondary_oom:
+        return f"the first error in `{error.phase}` above stands: an out-of-memory error followed it, not its cause"
+    return f"the first error in `{error.phase}` above, restated by the analyzer"
+
+
 def checklist_line(check: Check, evidence_chars: int | None = None) -> str:
     evidence = clip(check.evidence, evidence_chars) if evidence_chars else check.evidence
     mark = CHECK_MARK.get(check.state, PENDING_MARK)
@@ -480,6 +487,8 @@ class EventBlocks:
             return [stage_head(fact)]
         if isinstance(fact, PhaseReached):
             return [context(f"phase `{escaped(fact.phase)}`")]
+        if isinstance(fact, FirstError) and fact.update:
+            return [context(escaped(update_note(fact)))]
         if isinstance(fact, FirstError) and fact.repeat:
             return [context(escaped(f"the same first error again in `{fact.phase}` (shown above)"))]
         if isinstance(fact, FirstError):

@@ -50,6 +50,7 @@ class FirstError:
     context: tuple[str, ...]
     hint: str
     repeat: bool = False  # this run showed an error with the same signature already (a relaunch, a ladder step)
+    update: bool = False  # restates the launch's first error with what was learnt since (the wire says so)
     stacks: tuple[str, ...] = ()  # a hang's: where the engine's processes waited, the headline first (py-spy)
 
 
@@ -123,6 +124,7 @@ def fact_of(event: pb.RunEvent, stage: str = "") -> Fact | None:
             tuple(e.context),
             e.hint,
             stacks=tuple(e.stacks),
+            update=e.update,
         )
     if kind == "checklist_item":
         c = event.checklist_item
@@ -282,12 +284,16 @@ class RunRecord:
         return fact
 
     def _first_error(self, error: FirstError) -> FirstError:
-        """A stage's first error is the one that counts (relaunches repeat it); a later one with the same line
-        is the analyzer updating it (an OOM seen after it: secondary)."""
+        """A stage's first error is the one that counts (relaunches repeat it); an update (the wire's flag: an
+        OOM seen after it makes it secondary) replaces the error it restates, and is no repeat."""
+        kept = self.first_errors.get(error.stage)
+        if error.update:
+            if kept is not None and kept.line == error.line:
+                self.first_errors[error.stage] = replace(error, repeat=kept.repeat)
+            return error
         error = replace(error, repeat=error.signature in self.signatures)
         self.signatures.add(error.signature)
-        kept = self.first_errors.get(error.stage)
-        if kept is None or kept.line == error.line:
+        if kept is None:
             self.first_errors[error.stage] = error
         return error
 

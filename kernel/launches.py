@@ -85,7 +85,7 @@ class LaunchFold:
         current.end = at
         if kind == "phase_reached":
             current.phases.append((to_id(pb.Phase, event.phase_reached.phase), at))
-        elif kind == "first_error" and current.failure is None:  # a later one with its signature: an update
+        elif kind == "first_error" and current.failure is None and not event.first_error.update:
             error = event.first_error
             phase, category = to_id(pb.Phase, error.phase), to_id(pb.ErrorCategory, error.category)
             current.failure, current.signature = (at, phase, category), error.signature

@@ -324,7 +324,7 @@ class PhaseReached(_message.Message):
     def __init__(self, phase: _Optional[_Union[Phase, str]] = ..., line: _Optional[str] = ...) -> None: ...
 
 class FirstError(_message.Message):
-    __slots__ = ("phase", "category", "line", "context", "secondary_oom", "signature", "hint", "stacks")
+    __slots__ = ("phase", "category", "line", "context", "secondary_oom", "signature", "hint", "stacks", "update")
     PHASE_FIELD_NUMBER: _ClassVar[int]
     CATEGORY_FIELD_NUMBER: _ClassVar[int]
     LINE_FIELD_NUMBER: _ClassVar[int]
@@ -333,6 +333,7 @@ class FirstError(_message.Message):
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     HINT_FIELD_NUMBER: _ClassVar[int]
     STACKS_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_FIELD_NUMBER: _ClassVar[int]
     phase: Phase
     category: ErrorCategory
     line: str
@@ -341,7 +342,8 @@ class FirstError(_message.Message):
     signature: str
     hint: str
     stacks: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, phase: _Optional[_Union[Phase, str]] = ..., category: _Optional[_Union[ErrorCategory, str]] = ..., line: _Optional[str] = ..., context: _Optional[_Iterable[str]] = ..., secondary_oom: _Optional[bool] = ..., signature: _Optional[str] = ..., hint: _Optional[str] = ..., stacks: _Optional[_Iterable[str]] = ...) -> None: ...
+    update: bool
+    def __init__(self, phase: _Optional[_Union[Phase, str]] = ..., category: _Optional[_Union[ErrorCategory, str]] = ..., line: _Optional[str] = ..., context: _Optional[_Iterable[str]] = ..., secondary_oom: _Optional[bool] = ..., signature: _Optional[str] = ..., hint: _Optional[str] = ..., stacks: _Optional[_Iterable[str]] = ..., update: _Optional[bool] = ...) -> None: ...
 
 class ChecklistItem(_message.Message):
     __slots__ = ("item", "state", "evidence")

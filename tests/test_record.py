@@ -20,16 +20,21 @@ def _events(*payloads: dict[str, object]) -> list[pb.RunEvent]:
     return [pb.RunEvent(run_id="r1", seq=n, **payload) for n, payload in enumerate(payloads, 1)]  # type: ignore[arg-type]
 
 
-def test_a_stages_first_error_counts_and_a_same_line_update_marks_its_oom_secondary() -> None:
+def test_a_stages_first_error_counts_and_an_update_marks_its_oom_secondary() -> None:
     updated = pb.FirstError()
     updated.CopyFrom(NCCL)
     updated.secondary_oom = True
+    updated.update = True  # the wire says it restates the first error
+    relaunch = pb.FirstError()
+    relaunch.CopyFrom(NCCL)
+    relaunch.hint = "a relaunch's own hint"
     later = pb.FirstError(phase=pb.PHASE_ENGINE_INIT, category=pb.ERROR_CATEGORY_OOM, line="OOM", signature="oom")
     events = _events(
         {"stage_started": pb.StageStarted(stage=pb.STAGE_MINIMAL_LAUNCH)},
         {"first_error": NCCL},
         {"first_error": later},  # a relaunch's other error: not the stage's first
         {"first_error": updated},  # the analyzer's update of the first one
+        {"first_error": relaunch},  # the same line again, not an update: a repeat, the first one stays
         {"stage_started": pb.StageStarted(stage=pb.STAGE_LADDER)},
         {"first_error": later},
     )
@@ -40,7 +45,7 @@ def test_a_stages_first_error_counts_and_a_same_line_update_marks_its_oom_second
         "gpu_detect",
         "nccl_comm",
     )
-    assert first.secondary_oom and first.repeat  # the update repeats a signature already shown
+    assert first.secondary_oom and not first.repeat and first.hint == NCCL.hint  # updated, not replaced by a repeat
     assert record.first_errors["ladder"].signature == "oom" and record.first_errors["ladder"].repeat
     assert report(record)["first_error"] == {
         "phase": "gpu_detect",
@@ -104,3 +109,23 @@ def test_a_run_without_a_first_error_failed_where_its_first_stage_failed() -> No
     assert record.steps[1] == StageResult("baseline", "failed", "r575")
     assert record.log_texts() == {"minimal_launch": "a\nb\nc\n"}
     assert (record.status, record.decision, record.final) == ("completed", "continue", True)
+
+
+def test_the_live_stream_says_what_an_update_changes_instead_of_a_second_first_error() -> None:
+    from bot.blocks import EventBlocks
+
+    updated = pb.FirstError()
+    updated.CopyFrom(NCCL)
+    updated.secondary_oom, updated.update = True, True
+    stream = EventBlocks()
+    shown = [
+        stream.of(event)
+        for event in _events(
+            {"stage_started": pb.StageStarted(stage=pb.STAGE_MINIMAL_LAUNCH)},
+            {"first_error": NCCL},
+            {"first_error": updated},
+        )
+    ]
+    assert any(block.get("block_id") == "first_error" for block in shown[1])
+    assert len(shown[2]) == 1 and "an out-of-memory error followed it" in json.dumps(shown[2])
+    assert "the same first error again" not in json.dumps(shown[2])

@@ -192,7 +192,9 @@ class LogFollower:
             return
         reported = self.first_error.result()
         if self.analyzer.secondary_oom and not reported.secondary_oom:
-            await self._emit(first_error=self._message(replace(reported, secondary_oom=True)))
+            update = self._message(replace(reported, secondary_oom=True))
+            update.update = True
+            await self._emit(first_error=update)
 
     async def drain(self, timeout_s: float) -> None:
         """Waits for the stopped engine's output to end (then everything was sent); gives up after the limit
