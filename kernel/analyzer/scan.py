@@ -115,8 +115,12 @@ def _derive(rules: Rules) -> _Plan | None:
     return _Plan(frozenset(literals | rules.line.error_levels), held, tuple(expressions))
 
 
+_HEX = [b"\\x%02x" % c for c in range(256)]
+
+
 def _literal(needle: str) -> bytes:
-    return b"".join(b"\\x%02x" % c for c in needle.encode())
+    """A needle as a Hyperscan expression: every byte escaped."""
+    return b"".join(map(_HEX.__getitem__, needle.encode()))
 
 
 class _Finder:
@@ -132,7 +136,7 @@ class _Finder:
         self._databases: dict[int, hyperscan.Database] = {}  # those known of, kept alive: their ids stay theirs
         self._ends: list[int] = []  # where the scan under way collects
         self._literal_ends: list[int] = []
-        self._literals = 0  # ids below this are needles
+        self._needles = False  # whether the database scanning has needles (else expressions)
         self._base = 0  # the buffer index the scanned view starts at
         self._was_literal = False
 
@@ -143,7 +147,7 @@ class _Finder:
 
     def _collect(self, id_: int, _from: int, to: int, _flags: int, _context: object) -> None:
         self._ends.append(self._base + to)
-        if id_ < self._literals:
+        if self._needles:
             self._literal_ends.append(self._base + to)
 
     def find(self, searches: tuple[_Search, ...], buf: bytearray, start: int, end: int) -> int:
@@ -173,7 +177,7 @@ class _Finder:
         """The first match of a database in buf[start:stop] (its last byte), or -1; _was_literal: whether a
         needle matched in that line. What is scanned is kept, and a scan runs ahead as far as the stretch
         already scanned is long: a few large scans, not one per line read."""
-        db, literals = search
+        db, needles = search
         lo, hi, ends, literal_ends = self._known.get(id(db), (-1, -1, [], []))
         if lo < 0 or lo > start or start > hi:
             lo, hi, ends, literal_ends = start, start, [], []
@@ -181,7 +185,7 @@ class _Finder:
             self._databases[id(db)] = db
         if hi < stop:
             ahead = max(stop, buf.rfind(b"\n", hi, hi + min(hi - lo, _MAX_WINDOW_BYTES)) + 1)
-            self._ends, self._literal_ends, self._literals, self._base = ends, literal_ends, literals, hi
+            self._ends, self._literal_ends, self._needles, self._base = ends, literal_ends, needles, hi
             count = len(ends)
             db.scan(cast(bytes, memoryview(buf)[hi:ahead]), match_event_handler=self._collect)
             ends[count:] = sorted(ends[count:])  # each past the ones before; in order as Hyperscan reports them
@@ -196,17 +200,28 @@ class _Finder:
         return hit
 
 
-_Search = tuple["hyperscan.Database", int]  # the database, and how many of its patterns (the first) are needles
+_Search = tuple["hyperscan.Database", bool]  # the database, and whether its patterns are needles (else expressions)
 
 
 @lru_cache(maxsize=64)
 def _database(literals: frozenset[str], expressions: tuple[bytes, ...] = ()) -> tuple[_Search, ...]:
     """The databases of a search: its needles, and apart its expressions (which change less often: together
     they compile several times slower, once per watch the analyzer has)."""
-    # A needle that contains another is redundant; fewer needles scan faster.
-    by_length = sorted(literals, key=lambda n: (len(n), n))  # in one order in every process: _compiled stores it
-    kept = tuple(_literal(n) for i, n in enumerate(by_length) if not any(m in n for m in by_length[:i]))
-    return tuple((_compiled(part), len(kept) if part is kept else 0) for part in (kept, expressions) if part)
+    needles = ((_needle_database(literals), True),) if literals else ()
+    return needles + (((_compiled(expressions), False),) if expressions else ())
+
+
+@lru_cache(maxsize=64)
+def _needle_database(literals: frozenset[str]) -> hyperscan.Database:
+    """The needles' database, stored under the needles themselves: a stored one loads before the needles are
+    pruned and escaped (a few hundred, ten milliseconds a watch)."""
+
+    def patterns() -> tuple[bytes, ...]:
+        # A needle that contains another is redundant; fewer needles scan faster.
+        by_length = sorted(literals, key=lambda n: (len(n), n))
+        return tuple(_literal(n) for i, n in enumerate(by_length) if not any(m in n for m in by_length[:i]))
+
+    return _kept(("needles", tuple(sorted(literals))), patterns)
 
 
 # What a stored database's name depends on besides its patterns: the bindings' version, the mode and flags.
@@ -216,14 +231,20 @@ _CACHE_FILES = 256  # the most databases kept on disk (a few MiB); the oldest go
 
 @lru_cache(maxsize=64)
 def _compiled(patterns: tuple[bytes, ...]) -> hyperscan.Database:
-    """One compiled database per set of patterns, kept for the process and on disk (_stored): compiling a
-    log's databases (20-40 of them, 5 ms each) was most of a short log's analysis; a stored one loads in
-    microseconds."""
-    path = _cache_dir() / f"{hashlib.sha256(repr((_CACHE_FORMAT, patterns)).encode()).hexdigest()}.hsdb"
+    """One compiled database per set of patterns, kept for the process and on disk."""
+    return _kept(("expressions", patterns), lambda: patterns)
+
+
+def _kept(key: object, patterns: Callable[[], tuple[bytes, ...]]) -> hyperscan.Database:
+    """The database stored under key (a repr-able value), or the one compiled from patterns() and stored:
+    compiling a log's databases (20-40 of them, 5 ms each) was most of a short log's analysis; a stored one
+    loads in microseconds."""
+    path = _cache_dir() / f"{hashlib.sha256(repr((_CACHE_FORMAT, key)).encode()).hexdigest()}.hsdb"
     db = _stored(path)
     if db is None:
+        expressions = patterns()
         db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-        db.compile(expressions=list(patterns), ids=list(range(len(patterns))), flags=[0] * len(patterns))
+        db.compile(expressions=list(expressions), ids=list(range(len(expressions))), flags=[0] * len(expressions))
         _store(path, db)
     return db
 
