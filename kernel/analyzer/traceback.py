@@ -1,0 +1,273 @@
+"""The traceback tracker: every output stream (process prefix + logger call site) has its own traceback
+state, so interleaved ranks and processes do not mix their frames. It follows the structure (a traceback's
+start, frames, exception line, message, chained tracebacks) and hands the lines that may be errors to the
+arbiter's intake (arbiter.ErrorLines)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kernel.analyzer.candidates import Candidate, Cursor
+from kernel.analyzer.findings import ErrorFinding, PhaseFinding
+from kernel.analyzer.lines import LogLine
+from kernel.analyzer.phases import PhaseTracker
+from kernel.analyzer.rules import Context, Rules
+
+if TYPE_CHECKING:  # (the arbiter settles what a stream holds, so it imports this module)
+    from kernel.analyzer.arbiter import Arbiter, ErrorLines
+
+IDLE, FRAMES, MESSAGE = 0, 1, 2
+CONTEXT_BEFORE = 3  # lines of the same stream kept before an error
+_CONTEXT_AFTER = 3  # message lines kept after it while it is still uncertain
+_MAX_STREAMS = 512  # streams are keyed by pid; old ones are forgotten past this many
+
+
+@dataclass(slots=True)
+class Stream:
+    """One output stream's traceback state and the candidates it holds open."""
+
+    state: int = IDLE
+    recent: deque[str] = field(default_factory=lambda: deque(maxlen=CONTEXT_BEFORE))
+    frame_phase: str | None = None
+    frame_line: str = ""
+    frame_context: Context | None = None
+    suppress: bool = False  # the next traceback belongs to a benign header
+    header: Candidate | None = None  # a logged ERROR line: heads a traceback if the next line starts one
+    reservation: Candidate | None = None  # a header whose traceback is running
+    pending: Candidate | None = None  # a generic exception whose message may continue
+    unplaced: Candidate | None = None  # an exception no frame placed, waiting for a chained traceback
+    message_lines: int = 0
+    last_frame: LogLine | None = None  # the traceback's last `File "…"` line (names a cut traceback's failure)
+    last_frame_no: int = 0
+    last_frame_run_phase: str | None = None
+    startup: bool = False  # the running traceback has a frame of the engine starting
+    after_frame: bool = False  # the stream's last line was a `File "…"` frame line (its source line is next)
+    loose_code: str = ""  # a logged source line outside a traceback (an excerpt that starts inside one)
+    wrapper_head: Candidate | None = None  # a logged wrapper line: heads a traceback if the next line starts one
+    cut_head: Candidate | None = None  # the wrapper line heading the running traceback
+
+    def is_idle(self) -> bool:
+        """Nothing open in the stream: a line without needles cannot change what its next lines mean."""
+        return (
+            self.state == IDLE
+            and not self.suppress
+            and self.frame_phase is None
+            and self.frame_context is None
+            and self.header is None
+            and self.unplaced is None
+            and self.reservation is None
+            and self.pending is None
+        )
+
+    def clear_frames(self) -> None:
+        self.frame_phase, self.frame_line, self.frame_context = None, "", None
+        self.last_frame, self.startup, self.cut_head = None, False, None
+
+    def give_frames(self, cand: Candidate) -> None:
+        """The traceback that just ended placed this candidate (or did not): its frames are the candidate's."""
+        cand.frame_phase, cand.frame_line, cand.frame_context = self.frame_phase, self.frame_line, self.frame_context
+        cand.startup = cand.startup or self.startup
+        self.clear_frames()
+
+
+class Frames:
+    """What a traceback's lines say: the outermost frame that places the error, the first context frame,
+    whether the engine was starting."""
+
+    def __init__(self, rules: Rules, arbiter: Arbiter) -> None:
+        self._rules = rules
+        self._arbiter = arbiter
+        self._contexts = tuple(c for c in rules.contexts if c.frames is not None)
+
+    def read(self, st: Stream, msg: str) -> None:
+        rules = self._rules
+        if st.frame_phase is None and rules.frame_gate.search(msg):
+            hint = next(h for h in rules.frame_hints if h.pattern.search(msg))
+            st.frame_phase, st.frame_line = hint.phase, msg.strip()
+        if st.frame_context is None and self._contexts and rules.context_frame_gate.search(msg):
+            st.frame_context = next(c for c in self._contexts if c.frames and c.frames.search(msg))
+        if not st.startup and rules.startup_frames is not None and rules.startup_frames.search(msg):
+            st.startup = True
+            if st.unplaced is not None:
+                st.unplaced.startup = True  # a chained traceback of the engine starting encloses it
+        cand = st.unplaced
+        if cand is not None and st.frame_phase is not None:
+            # The traceback chained to an unplaced exception encloses it: its frames place it.
+            cand.frame_phase, cand.frame_line = st.frame_phase, f"{st.frame_line} (chained traceback)"
+            cand.frame_context = cand.frame_context or st.frame_context
+            self._arbiter.place(st)
+
+
+class TracebackTracker:
+    """Routes each line by its stream's state: structure and frames here, error lines to the intake,
+    the other lines to the phase tracker."""
+
+    def __init__(
+        self,
+        rules: Rules,
+        cursor: Cursor,
+        phases: PhaseTracker,
+        arbiter: Arbiter,
+        frames: Frames,
+        intake: ErrorLines,
+    ) -> None:
+        self._rules = rules
+        self._tb = rules.traceback
+        self._code = rules.line.code
+        self._error_levels = rules.line.error_levels
+        self._cursor = cursor
+        self._phases = phases
+        self._arbiter = arbiter
+        self._frames = frames
+        self._intake = intake
+        self.streams: dict[tuple[str, str], Stream] = {}
+        self._last_key_of_proc: dict[str, tuple[str, str]] = {}
+        self._touched: dict[tuple[str, str], Stream] = {}  # streams that may be busy (see settled())
+
+    def settled(self, ok: Callable[[Stream], bool]) -> bool:
+        """Whether every stream with lines since the last call passes `ok` (those that do are forgotten:
+        only its own lines make a stream busy)."""
+        for key, st in list(self._touched.items()):
+            if self.streams.get(key) is st and not ok(st):
+                return False
+            del self._touched[key]
+        return True
+
+    def line(self, ll: LogLine, out: list[PhaseFinding | ErrorFinding]) -> None:
+        key = (ll.proc, ll.src)
+        st = self.streams.get(key)
+        if st is None:
+            st = self._new_stream(key)
+        self._touched[key] = st
+        self._switch(ll.proc, key)
+        after_frame, st.after_frame = st.after_frame, False
+        loose, st.loose_code = st.loose_code, ""
+        head, st.wrapper_head = st.wrapper_head, None
+        if ll.level is not None and ll.level not in self._error_levels:
+            arbiter = self._arbiter
+            arbiter.resolve_header(st, starts_traceback=False)
+            arbiter.end_message(st)
+            arbiter.place(st)
+            st.clear_frames()
+            self._phases.quiet(ll, out)
+        else:
+            self._structure(st, ll, out, after_frame=after_frame, loose=loose, head=head)
+        st.recent.append(ll.display)
+
+    def _switch(self, proc: str, key: tuple[str, str]) -> None:
+        """One process writes sequentially: a line of its other stream ends this one's message."""
+        other = self._last_key_of_proc.get(proc)
+        if other is not None and other != key:
+            other_stream = self.streams.get(other)
+            if other_stream is not None:
+                self._arbiter.end_message(other_stream)
+                self._arbiter.place(other_stream)
+                self._arbiter.resolve_header(other_stream, starts_traceback=False)
+        if len(self._last_key_of_proc) > _MAX_STREAMS:
+            self._last_key_of_proc.clear()  # pids churn in long logs; this only speeds up message ends
+        self._last_key_of_proc[proc] = key
+
+    def _structure(
+        self,
+        st: Stream,
+        ll: LogLine,
+        out: list[PhaseFinding | ErrorFinding],
+        *,
+        after_frame: bool,
+        loose: str,
+        head: Candidate | None,
+    ) -> None:
+        """A line at an error level or not logged: traceback structure, an exception, or an error line."""
+        msg = ll.msg
+        tb = self._tb
+        phases = self._phases
+        if phases.stop_armed() and phases.is_stop(msg) and not self._code.match(msg):
+            phases.stop(ll)
+        if st.header is not None:
+            # (a header may end with the traceback's first line: `EngineCore hit an exception: Traceback (…):`)
+            starts = tb.start.match(msg) is not None or (
+                tb.frame.match(msg) is not None and tb.start.search(st.header.msg) is not None
+            )
+            self._arbiter.resolve_header(st, starts_traceback=starts)
+        if tb.start.match(msg):
+            self._arbiter.end_message(st)
+            st.state = FRAMES
+            st.clear_frames()
+            st.cut_head = head
+        elif st.state == FRAMES and not msg.strip():
+            pass  # a blank logged line inside a traceback's frames (a collector's or a logger's): not its end
+        elif tb.chain.match(msg) or not msg.strip():
+            # An exception's message ends; one no frame placed waits for the traceback chained to it.
+            self._arbiter.end_message(st)
+            st.state = IDLE
+            st.suppress = False
+        elif self._code.match(msg):
+            self._code_line(st, ll, loose)
+        elif st.state == FRAMES and after_frame and not tb.exception.match(msg):
+            self._frames.read(st, msg)  # a frame's source line that a collector unindented
+        elif st.state == FRAMES and tb.exception.match(msg):
+            self._arbiter.place(st)
+            self._intake.exception(st, ll)
+            # Markers count in every line but traceback source and structure, whatever the stream's
+            # state: so whole-file analysis need not follow tracebacks once the first error is known.
+            phases.quiet(ll, out)
+        else:
+            if st.state == MESSAGE:
+                self._continue_message(st, ll, match_rules=True)
+            else:
+                st.state = IDLE  # anything else ends a run of frames that had no exception line
+                self._arbiter.place(st)
+                self._intake.idle_line(st, ll)
+            phases.quiet(ll, out)
+
+    def _code_line(self, st: Stream, ll: LogLine, loose: str) -> None:
+        """Source lines: a traceback's frames. Outside one only a frame line opens it (an excerpt that
+        starts inside a traceback); other indented text is no error."""
+        msg = ll.msg
+        frame = self._tb.frame
+        if st.state == MESSAGE:
+            self._continue_message(st, ll, match_rules=False)
+        elif st.state == FRAMES or frame.match(msg):
+            if st.state != FRAMES and loose:
+                self._frames.read(st, loose)  # the excerpt began with an outer frame's source line
+            st.state = FRAMES
+            self._frames.read(st, msg)
+            if frame.match(msg):
+                st.last_frame, st.last_frame_no, st.last_frame_run_phase = ll, self._cursor.n, self._phases.run_phase()
+                st.after_frame = True
+        elif ll.level is not None:
+            # (Only a logged one: whole-file reading may jump over an unlogged line without needles.)
+            st.loose_code = msg if msg.strip(" ^~") else loose  # (a `^^^` marker line keeps the code above it)
+
+    def _continue_message(self, st: Stream, ll: LogLine, *, match_rules: bool) -> None:
+        """A line that may continue the exception message above it (refines a generic one's category)."""
+        st.message_lines += 1
+        cand = st.pending
+        if cand is not None and len(cand.after) < _CONTEXT_AFTER:
+            cand.after.append(ll.display)
+        follows = cand.rule.cause_follows if cand is not None and cand.rule is not None else None
+        if cand is not None and follows is not None and follows.search(ll.msg):
+            cand.cause = ll.msg.strip()
+            self._arbiter.end_message(st)
+            return
+        if match_rules:
+            self._intake.continuation(cand, ll)
+        if st.message_lines >= self._tb.max_message_lines:
+            self._arbiter.end_message(st)
+
+    def _new_stream(self, key: tuple[str, str]) -> Stream:
+        if len(self.streams) >= _MAX_STREAMS:
+            # The oldest idle streams go first: how many idle ones a log had must not change its result
+            # (whole-file analysis never sees the streams of lines it jumps over).
+            by_age = sorted(self.streams, key=lambda k: not self.streams[k].is_idle())
+            for old in by_age[: _MAX_STREAMS // 4]:
+                stream = self.streams.pop(old)
+                self._touched.pop(old, None)
+                if stream.header is not None:
+                    self._arbiter.add_weak(stream.header)
+        st = Stream()
+        self.streams[key] = st
+        return st
