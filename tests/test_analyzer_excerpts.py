@@ -30,7 +30,7 @@ BATCHES = {
     ("e23.log", "e49.log"): {"phase": 26, "category": 27, "first_error_line": 26},
     ("e50.log", "e69.log"): {"phase": 20, "category": 20, "first_error_line": 20},
     ("e70.log", "e89.log"): {"phase": 20, "category": 20, "first_error_line": 20},
-    ("f01.log", "f20.log"): {"phase": 19, "category": 19, "first_error_line": 17},
+    ("f01.log", "f20.log"): {"phase": 20, "category": 20, "first_error_line": 18},
     ("g01.log", "g20.log"): {"phase": 20, "category": 19, "first_error_line": 20},
     ("h01.log", "h23.log"): {"phase": 21, "category": 22, "first_error_line": 23},
 }

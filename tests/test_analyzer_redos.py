@@ -48,9 +48,11 @@ ANCHORED = (
     "line.headers",
     "line.code",
     "line.quoted",
+    "line.relogged",
     "traceback.",
     "parser._wrappers",
     "parser._quoted",
+    "parser._relogged",
     "parser._headers",
 )
 

@@ -497,3 +497,18 @@ def test_serving_frames_of_parsers_and_generation_place_the_request() -> None:
         lines = ["Traceback (most recent call last):", frame, "json.decoder.JSONDecodeError: Extra data: line 3"]
         error = analyze_text("\n".join(lines)).first_error
         assert error is not None and (error.phase, error.category) == ("request", "request_error"), frame
+
+
+def test_a_traceback_re_logged_at_info_is_read_as_the_traceback() -> None:
+    # A wrapper script logs vLLM's output line by line through its own logger, at INFO.
+    head = "2025-06-27 12:57:51,690 - __main__ - INFO - "
+    # vLLM's logged lines (their own prefix and header inside), and a process's own traceback (none)
+    for traceback_lines in (ROOT_TB, [line.removeprefix(CORE_ERR) for line in ROOT_TB]):
+        lines = [f"{head}{line}" for line in traceback_lines]
+        result = analyze_text("\n".join([f"{head}Starting the server", *lines]))
+        assert result.first_error is not None
+        assert (result.first_error.line, result.first_error.category) == (lines[-1], "nccl_comm")
+        assert result.first_error.phase == "gpu_detect"  # by its frames (init_device)
+    # the vLLM banner's indented art at INFO stays an INFO line
+    banner = LineParser(default_rules().line).parse("INFO 07-01 09:38:56 [api_utils.py:339]        █     █     █▄   ▄█")
+    assert banner.level == "INFO"

@@ -35,6 +35,8 @@ class LineParser:
         # The alternatives of each list in one pattern: one `match` per line instead of one per entry.
         self._wrappers = re.compile("|".join(f"(?:{w.pattern})" for w in syntax.wrappers) or r"(?!)")
         self._quoted = syntax.quoted
+        self._relogged = syntax.relogged
+        self._error_levels = syntax.error_levels
         self._suffixes = re.compile("|".join(f"(?:{s.pattern})" for s in syntax.suffixes) or r"(?!)")
         parts = []
         self._header_groups: list[tuple[str, str | None]] = []
@@ -74,27 +76,38 @@ class LineParser:
                 text = _ESCAPE.sub(r"\1", value[0])
             else:
                 break
-        proc = ""
-        if text[:1] in "([":
-            end = 0
-            while match := self._process.match(text, end):
-                end = match.end()
-            if end:
-                proc = text[:end].rstrip()
-                text = text[end:]
+        proc, text = self._process_prefixes(text)
         if "\r" in text:
             # A progress bar redraws itself with CR: what stays on the terminal is the last segment.
             text = next((seg for seg in reversed(text.split("\r")) if seg.strip()), "")
         if suffix := self._suffixes.search(text):
             text = text[: suffix.start()].rstrip()
-        level: str | None = None
-        src = ""
-        msg = text
-        if match := self._headers.match(text):
-            for level_group, src_group in self._header_groups:
-                level = match[level_group]
-                if level is not None:
-                    src = (match[src_group] or "") if src_group else ""
-                    break
-            msg = text[match.end() :]
+        level, src, msg = self._header(text)
+        if level is not None:
+            inner_proc, inner = self._process_prefixes(msg)
+            inner_level, inner_src, inner_msg = self._header(inner)
+            if inner_level is not None:
+                # A wrapper script's logger re-logging vLLM's lines: the line it logs has its own prefix and header.
+                proc = f"{proc} {inner_proc}".strip()
+                text, level, src, msg = inner, inner_level, inner_src, inner_msg
+            elif level not in self._error_levels and self._relogged is not None and self._relogged.match(msg):
+                level = None  # a re-logged traceback line: its level is the re-logger's, not the line's
         return LogLine(display, text, msg, proc, level, src)
+
+    def _process_prefixes(self, text: str) -> tuple[str, str]:
+        """The process prefix(es) at the start of `text` ("" for none), and the rest."""
+        if text[:1] not in "([":
+            return "", text
+        end = 0
+        while match := self._process.match(text, end):
+            end = match.end()
+        return text[:end].rstrip(), text[end:]
+
+    def _header(self, text: str) -> tuple[str | None, str, str]:
+        """The log header's level (None: no header) and call site, and the message after it."""
+        match = self._headers.match(text)
+        if match is None:
+            return None, "", text
+        # (each header's alternative has its own level group: the one that matched names the level)
+        level_group, src_group = next((lv, sv) for lv, sv in self._header_groups if match[lv] is not None)
+        return match[level_group], (match[src_group] or "") if src_group else "", text[match.end() :]

@@ -39,6 +39,9 @@ class LineSyntax:
     code: re.Pattern[str]
     # A collector that re-logs each line as a quoted value (logfmt `msg="…"`): the line is that value, unescaped.
     quoted: re.Pattern[str] | None = None
+    # A message logged below an error level that is a traceback's line (a wrapper re-logging another process's
+    # output line by line at its own level): the level is the wrapper's, so the line is read as not logged.
+    relogged: re.Pattern[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -289,6 +292,7 @@ def parse_rules(data: Mapping[str, Any], origin: str = "rules.toml") -> Rules:
         error_levels=frozenset(line.texts("error_levels")),
         code=line.regex("code"),
         quoted=line.regex("quoted") if "quoted" in line.data else None,
+        relogged=line.regex("relogged") if "relogged" in line.data else None,
     )
     tb = top.table("traceback")
     traceback = TracebackSyntax(
