@@ -1,6 +1,9 @@
 """Follows one run's event stream into the store, and resumes with WatchRun after losing it.
 
-Events are stored exactly once (UNIQUE(run_id, seq)); the callback sees each event once, in order.
+A run has one RPC stream while nothing is lost: the StartRun that started it (`accept` keeps it open after the
+first event, `follow_run` reads on from it); WatchRun only resumes a stream that was lost, or a run a bot that
+stopped had started. Events are stored exactly once (UNIQUE(run_id, seq)); the callback sees each event once, in
+order.
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 import grpc
 
@@ -41,6 +45,18 @@ class RunLost(Exception):
     """Contact with the runner was lost for longer than the config allows; the run is recorded as lost."""
 
 
+@dataclass
+class LiveStream:
+    """The stream a run's StartRun opened, kept open after its first event (`accept`) for `follow_run` to read
+    on from; whoever holds it and does not follow closes it."""
+
+    channel: grpc.aio.Channel
+    events: AsyncIterator[pb.RunEvent]
+
+    async def close(self) -> None:
+        await self.channel.close(None)
+
+
 async def follow_run(
     config: BotConfig,
     store: AsyncStore,
@@ -49,29 +65,54 @@ async def follow_run(
     on_event: EventCallback,
     start: pb.StartRunRequest | None = None,
     on_reconnect: ReconnectCallback | None = None,
+    live: LiveStream | None = None,
 ) -> pb.RunFinished:
-    """Streams the run until it finishes. `start` given: the run is started first (safe to resend)."""
+    """Streams the run until it finishes: on from `live` (the stream `accept` kept open), else over a new stream.
+    `start` given: the run is started first (safe to resend)."""
+    try:
+        return await _follow(config, store, run_id, address, on_event, start, on_reconnect, live)
+    finally:
+        if live is not None:
+            await live.close()
+
+
+async def _follow(
+    config: BotConfig,
+    store: AsyncStore,
+    run_id: str,
+    address: str,
+    on_event: EventCallback,
+    start: pb.StartRunRequest | None,
+    on_reconnect: ReconnectCallback | None,
+    live: LiveStream | None,
+) -> pb.RunFinished:
     lost_since: float | None = None
     attempt = 0
+
+    def heard() -> None:  # any event, a heartbeat included: the runner is there
+        nonlocal lost_since, attempt
+        lost_since, attempt = None, 0
+
     while True:
         last_seq = await store.call(Store.last_seq, run_id)
         try:
-            async with open_channel(address, config.tls) as channel:
-                stub = pb_grpc.RunnerStub(channel)
-                call: AsyncIterable[pb.RunEvent] = (
-                    stub.StartRun(start)
-                    if start is not None and last_seq == 0
-                    else stub.WatchRun(pb.WatchRunRequest(run_id=run_id, after_seq=last_seq))
-                )
-                async for event in _until_idle(call):
-                    lost_since, attempt = None, 0
-                    if event.WhichOneof("payload") == "heartbeat":
-                        continue
-                    if await store.call(Store.add_event, event):
-                        await on_event(event)
-                    if event.WhichOneof("payload") == "run_finished":
-                        await _record_finish(store, run_id, event.run_finished)
-                        return event.run_finished
+            if live is not None:
+                stream, live = live, None
+                try:
+                    finished = await _consume(store, run_id, stream.events, on_event, heard)
+                finally:
+                    await stream.close()
+            else:
+                async with open_channel(address, config.tls) as channel:
+                    stub = pb_grpc.RunnerStub(channel)
+                    call: AsyncIterable[pb.RunEvent] = (
+                        stub.StartRun(start)
+                        if start is not None and last_seq == 0
+                        else stub.WatchRun(pb.WatchRunRequest(run_id=run_id, after_seq=last_seq))
+                    )
+                    finished = await _consume(store, run_id, _until_idle(call), on_event, heard)
+            if finished is not None:
+                return finished
             problem = "the runner closed the stream before the run finished"
         except grpc.aio.AioRpcError as exc:
             if exc.code() in REFUSALS and last_seq == 0:
@@ -96,19 +137,48 @@ async def follow_run(
         attempt += 1
 
 
-async def accept(config: BotConfig, address: str, request: pb.StartRunRequest) -> pb.RunEvent:
-    """Sends StartRun and waits for the run's first event: the runner has accepted the run. RunRefused: it did
-    not, or it could not be asked (the runner checks the request before it journals anything, so nothing runs)."""
+async def _consume(
+    store: AsyncStore,
+    run_id: str,
+    events: AsyncIterator[pb.RunEvent],
+    on_event: EventCallback,
+    heard: Callable[[], None],
+) -> pb.RunFinished | None:
+    """Stores and hands on each new event of one stream; the run's end, or None when the stream ended first."""
+    async for event in events:
+        heard()
+        if event.WhichOneof("payload") == "heartbeat":
+            continue
+        if await store.call(Store.add_event, event):
+            await on_event(event)
+        if event.WhichOneof("payload") == "run_finished":
+            await _record_finish(store, run_id, event.run_finished)
+            return event.run_finished
+    return None
+
+
+async def accept(config: BotConfig, address: str, request: pb.StartRunRequest) -> tuple[pb.RunEvent, LiveStream]:
+    """Sends StartRun and waits for the run's first event: the runner has accepted the run; its stream stays open
+    for `follow_run`. RunRefused: it did not, or it could not be asked (the runner checks the request before it
+    journals anything, so nothing runs)."""
+    channel = open_channel(address, config.tls)
+    events = _until_idle(pb_grpc.RunnerStub(channel).StartRun(request))
     try:
-        async with open_channel(address, config.tls) as channel:
-            async for event in _until_idle(pb_grpc.RunnerStub(channel).StartRun(request)):
-                if event.WhichOneof("payload") != "heartbeat":
-                    return event
+        while True:
+            event = await anext(events)
+            if event.WhichOneof("payload") != "heartbeat":
+                return event, LiveStream(channel, events)
     except grpc.aio.AioRpcError as exc:
-        raise RunRefused(f"runner {address} refused the run: {rpc_error_text(exc)}") from None
+        problem = f"runner {address} refused the run: {rpc_error_text(exc)}"
     except TimeoutError:
-        raise RunRefused(f"runner {address} sent no event for {STREAM_IDLE_S:.0f} s after StartRun") from None
-    raise RunRefused(f"runner {address} closed the stream before the run's first event")
+        problem = f"runner {address} sent no event for {STREAM_IDLE_S:.0f} s after StartRun"
+    except StopAsyncIteration:
+        problem = f"runner {address} closed the stream before the run's first event"
+    except BaseException:
+        await channel.close(None)
+        raise
+    await channel.close(None)
+    raise RunRefused(problem)
 
 
 async def _until_idle(call: AsyncIterable[pb.RunEvent]) -> AsyncIterator[pb.RunEvent]:

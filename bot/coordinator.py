@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
 from bot.answers import Cancelled
 from bot.config import BotConfig
-from bot.consumer import EventCallback, ReconnectCallback, RunLost, RunRefused, accept, follow_run
+from bot.consumer import EventCallback, LiveStream, ReconnectCallback, RunLost, RunRefused, accept, follow_run
 from bot.dispatcher import DispatchError, RunnerState, pick_runner, survey
 from bot.ids import new_run_id
 from bot.refusal import Refused
@@ -26,12 +26,19 @@ MAX_NOTE_CHARS = 500
 
 @dataclass(frozen=True)
 class StartedRun:
-    """A run its runner accepted: `first` is its first event, stored already."""
+    """A run its runner accepted: `first` is its first event, stored already; `live` the StartRun stream it came
+    on, which `Coordinator.follow` reads on from (one RPC stream per run). Not followed: `abandon` closes it."""
 
     run_id: str
     runner: str
     request: pb.StartRunRequest
     first: pb.RunEvent
+    live: LiveStream | None = field(default=None, compare=False, repr=False)
+
+    async def abandon(self) -> None:
+        """Closes the stream no one will follow (the run goes on; `resume` or `watch` follows it later)."""
+        if self.live is not None:
+            await self.live.close()
 
 
 class Coordinator:
@@ -113,25 +120,34 @@ class Coordinator:
         except ActiveRunExists as exc:
             raise Refused(f"cluster {cluster.name} already has an active run: {exc.run_id}") from None
         try:
-            first = await accept(self.config, runner.address, request)
+            first, live = await accept(self.config, runner.address, request)
         except BaseException as exc:
             await self.store.call(Store.discard_run, run_id)
             if isinstance(exc, RunRefused):
                 await self.store.call(Store.audit, requested_by, "start refused", cluster.name, str(exc), via, place)
                 raise Refused(str(exc)) from None
             raise
-        await self.store.call(Store.add_event, first)
-        await self.store.call(
-            Store.audit, requested_by, "start", cluster.name, f"run {run_id} on {runner.address}", via, place
-        )
-        return StartedRun(run_id, runner.address, request, first)
+        started = StartedRun(run_id, runner.address, request, first, live)
+        try:
+            await self.store.call(Store.add_event, first)
+            await self.store.call(
+                Store.audit, requested_by, "start", cluster.name, f"run {run_id} on {runner.address}", via, place
+            )
+        except BaseException:
+            await started.abandon()
+            raise
+        return started
 
     async def follow(
         self, started: StartedRun, on_event: EventCallback, on_reconnect: ReconnectCallback | None = None
     ) -> pb.RunFinished:
-        """Streams a run `start` returned to its end, from its first event."""
-        await on_event(started.first)
-        return await self._followed(started.run_id, started.runner, on_event, on_reconnect)
+        """Streams a run `start` returned to its end, from its first event, on from the stream that started it."""
+        try:
+            await on_event(started.first)
+        except BaseException:
+            await started.abandon()
+            raise
+        return await self._followed(started.run_id, started.runner, on_event, on_reconnect, started.live)
 
     async def resume(
         self, run_id: str, on_event: EventCallback, on_reconnect: ReconnectCallback | None = None
@@ -141,11 +157,16 @@ class Coordinator:
         return await self._followed(run.id, run.runner, on_event, on_reconnect)
 
     async def _followed(
-        self, run_id: str, runner: str, on_event: EventCallback, on_reconnect: ReconnectCallback | None
+        self,
+        run_id: str,
+        runner: str,
+        on_event: EventCallback,
+        on_reconnect: ReconnectCallback | None,
+        live: LiveStream | None = None,
     ) -> pb.RunFinished:
         self.following.add(run_id)
         try:
-            return await follow_run(self.config, self.store, run_id, runner, on_event, None, on_reconnect)
+            return await follow_run(self.config, self.store, run_id, runner, on_event, None, on_reconnect, live)
         finally:
             self.following.discard(run_id)
 

@@ -74,5 +74,11 @@ async def start_minimize(
         ),
         minimize=target,
     )
-    await store.call(Store.audit, requested_by, "minimize", original.id, f"minimize run {started.run_id}", via, place)
+    try:
+        await store.call(
+            Store.audit, requested_by, "minimize", original.id, f"minimize run {started.run_id}", via, place
+        )
+    except BaseException:
+        await started.abandon()
+        raise
     return started

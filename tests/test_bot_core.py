@@ -6,6 +6,7 @@ import asyncio
 import re
 import socket
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -16,6 +17,7 @@ from bot.refusal import Refused
 from bot.store import AsyncStore, Store
 from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
+from protos import runner_pb2_grpc
 from tests.k3fixtures import KIMI_LAUNCH, TcpProxy, bot_config, runner_data, running_runner
 
 
@@ -37,6 +39,53 @@ def _dump(store_path: Path) -> tuple[list[dict[str, object]], list[tuple[object,
     audit = list(store.db.table("audit_log").rows)
     store.close()
     return runs + audit, events
+
+
+RUNNER_STUB = runner_pb2_grpc.RunnerStub
+
+
+class CountingStub:
+    """The runner's stub as the bot's consumer uses it, counting the streams it opens."""
+
+    opened: ClassVar[list[str]] = []
+
+    def __init__(self, channel: object) -> None:
+        self._stub = RUNNER_STUB(channel)
+
+    def StartRun(self, request: pb.StartRunRequest) -> object:
+        CountingStub.opened.append("StartRun")
+        return self._stub.StartRun(request)
+
+    def WatchRun(self, request: pb.WatchRunRequest) -> object:
+        CountingStub.opened.append("WatchRun")
+        return self._stub.WatchRun(request)
+
+    def __getattr__(self, name: str) -> object:  # Describe, CancelRun: as they are
+        return getattr(self._stub, name)
+
+
+async def test_a_started_run_is_followed_on_the_stream_that_started_it(
+    certs: DevCerts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One RPC stream per run while nothing is lost: start returns at the first event, follow reads on from the
+    same StartRun stream (no WatchRun), and every event arrives once, in order."""
+    import bot.consumer
+
+    monkeypatch.setattr(bot.consumer.pb_grpc, "RunnerStub", CountingStub)
+    CountingStub.opened = []
+    async with running_runner(runner_data(certs, tmp_path / "runner", scenario="healthy")) as daemon:
+        config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"])
+        store = AsyncStore(config.store)
+        core = Coordinator(config, store)
+        started = await core.start("cluster-a", "U1")
+        recorder = Recorder()
+        finished = await core.follow(started, recorder)
+        stored = await store.call(Store.events, started.run_id)
+        store.close()
+    assert finished.status == pb.RUN_STATUS_COMPLETED
+    assert CountingStub.opened == ["StartRun"]
+    seqs = [event.seq for event in recorder.events]
+    assert seqs == list(range(1, len(seqs) + 1)) and [event.seq for event in stored] == seqs
 
 
 async def test_failing_run_reports_phase_and_first_error(certs: DevCerts, tmp_path: Path) -> None:

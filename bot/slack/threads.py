@@ -47,9 +47,13 @@ class Threads:
 
     async def open(self, started: StartedRun, channel: str, team_domain: str) -> None:
         """Posts the run's card and checklist, then follows the run into its thread."""
-        await self.store.call(Store.create_thread, started.run_id, channel, team_domain)
-        view = RunRecord.of(await self.store.call(Store.get_run, started.run_id))
-        await self._begin(view, channel)
+        try:
+            await self.store.call(Store.create_thread, started.run_id, channel, team_domain)
+            view = RunRecord.of(await self.store.call(Store.get_run, started.run_id))
+            await self._begin(view, channel)
+        except BaseException:
+            await started.abandon()  # the run goes on: the bot's resume follows it into its thread
+            raise
 
         async def follow() -> None:
             try:
