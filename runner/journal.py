@@ -14,39 +14,70 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+from kernel.migrations import migrate
 from kernel.redact import redactor
 from kernel.retention import DAY_S, CappedLog, LogBudget, Retention, keep_private
 from protos import runner_pb2 as pb
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY,
-    request BLOB NOT NULL,
-    request_sha256 TEXT NOT NULL DEFAULT '',
-    request_hmac TEXT NOT NULL DEFAULT '',
-    started_at TEXT NOT NULL,
-    finished_at TEXT
-);
-CREATE TABLE IF NOT EXISTS events (
-    run_id TEXT NOT NULL REFERENCES runs(run_id),
-    seq INTEGER NOT NULL,
-    event BLOB NOT NULL,
-    PRIMARY KEY (run_id, seq)
-);
-CREATE TABLE IF NOT EXISTS log_budgets (
-    run_id TEXT PRIMARY KEY,
-    head INTEGER NOT NULL DEFAULT 0,
-    head_closed INTEGER NOT NULL DEFAULT 0,
-    tail INTEGER NOT NULL DEFAULT 0,
-    dropped_lines INTEGER NOT NULL DEFAULT 0,
-    dropped_bytes INTEGER NOT NULL DEFAULT 0,
-    marker_seq INTEGER NOT NULL DEFAULT 0
-);
-"""
+
+def _add_column(db: sqlite3.Connection, table: str, column: str, declaration: str) -> bool:
+    """Adds a column that a journal from before the numbered migrations may already have (its ad-hoc ALTERs);
+    True when it was added now."""
+    if column in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
+        return False
+    db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+    return True
+
+
+def _m1_initial(db: sqlite3.Connection) -> None:
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS runs ("
+        " run_id TEXT PRIMARY KEY, request BLOB NOT NULL, started_at TEXT NOT NULL, finished_at TEXT)"
+    )
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS events ("
+        " run_id TEXT NOT NULL REFERENCES runs(run_id), seq INTEGER NOT NULL, event BLOB NOT NULL,"
+        " PRIMARY KEY (run_id, seq))"
+    )
+
+
+def _m2_redacted_requests(db: sqlite3.Connection) -> None:
+    """Requests kept redacted, with a digest of the request as sent."""
+    _add_column(db, "runs", "request_sha256", "TEXT NOT NULL DEFAULT ''")
+
+
+def _m3_keyed_digests(db: sqlite3.Connection) -> None:
+    """The digest keyed (an HMAC under the redaction key): the plain sha256s go, overwritten (secure_delete,
+    then the WAL checkpointed once the migrations are done)."""
+    if _add_column(db, "runs", "request_hmac", "TEXT NOT NULL DEFAULT ''"):
+        db.execute("PRAGMA secure_delete=ON")
+        db.execute("UPDATE runs SET request_sha256 = '' WHERE request_sha256 != ''")
+
+
+def _m4_log_budgets(db: sqlite3.Connection) -> None:
+    """Per-run caps on log lines kept (CappedLog): a log chunk's bytes still counted in its run's rolling tail,
+    and each run's budget."""
+    _add_column(db, "events", "tail_bytes", "INTEGER NOT NULL DEFAULT 0")
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS log_budgets ("
+        " run_id TEXT PRIMARY KEY, head INTEGER NOT NULL DEFAULT 0, head_closed INTEGER NOT NULL DEFAULT 0,"
+        " tail INTEGER NOT NULL DEFAULT 0, dropped_lines INTEGER NOT NULL DEFAULT 0,"
+        " dropped_bytes INTEGER NOT NULL DEFAULT 0, marker_seq INTEGER NOT NULL DEFAULT 0)"
+    )
+
+
+# The journal's schema, as the migrations that made it (kernel/migrations.py, the bot's store's style). A journal
+# written before they were numbered has no _migrations: each of them finds what it adds perhaps already there.
+MIGRATIONS: tuple[tuple[str, Callable[[sqlite3.Connection], None]], ...] = (
+    ("initial", _m1_initial),
+    ("redacted_requests", _m2_redacted_requests),
+    ("keyed_digests", _m3_keyed_digests),
+    ("log_budgets", _m4_log_budgets),
+)
 
 
 class Journal(CappedLog):
@@ -56,17 +87,8 @@ class Journal(CappedLog):
         self._db = sqlite3.connect(path, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(runs)")}
-        if "request_sha256" not in columns:  # a journal written before requests were kept redacted
-            self._db.execute("ALTER TABLE runs ADD COLUMN request_sha256 TEXT NOT NULL DEFAULT ''")
-        if "request_hmac" not in columns:  # before the digest was keyed: the plain sha256s go, overwritten
-            self._db.execute("ALTER TABLE runs ADD COLUMN request_hmac TEXT NOT NULL DEFAULT ''")
-            self._db.execute("PRAGMA secure_delete=ON")
-            self._db.execute("UPDATE runs SET request_sha256 = '' WHERE request_sha256 != ''")
+        if migrate(self._db, MIGRATIONS, self._db):  # what a migration overwrote leaves no copy in the WAL
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        if "tail_bytes" not in {row[1] for row in self._db.execute("PRAGMA table_info(events)")}:
-            self._db.execute("ALTER TABLE events ADD COLUMN tail_bytes INTEGER NOT NULL DEFAULT 0")
         self._pruned_at = 0.0
         self.prune()
 

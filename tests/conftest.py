@@ -94,6 +94,7 @@ TIERS: dict[str, str] = {
     "test_log_follower": "sim",
     "test_method": "sim",
     "test_metrics": "sim",
+    "test_migrations": "unit",
     "test_minimize": "sim",
     "test_products": "unit",
     "test_ports": "sim",
@@ -189,16 +190,24 @@ def tier_of(item: pytest.Item) -> str | None:
 
 
 UNTIERED = pytest.StashKey[list[str]]()  # this session's tests with no tier or more than one, before any -m
+# `make test`'s second pass runs these tiers on two workers with `--dist loadgroup`: each tier is one xdist group, so
+# one worker runs every real-vLLM test (never two vLLM CPU servers at once: one takes every core when it computes)
+# and the other every daemons test beside it (one private dockerd and one Slurm at a time, as in a serial run).
+SERIAL_TIERS = ("daemons", "real_vllm")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups, and before `-m` deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     untiered = config.stash.setdefault(UNTIERED, [])
     for item in items:
         tier = tier_of(item)
         if tier is not None and not any(m.name == tier for m in item.iter_markers()):
             item.add_marker(getattr(pytest.mark, tier))
-        if len({m.name for m in item.iter_markers() if m.name in TIER_NAMES}) != 1:
+        tiers = {m.name for m in item.iter_markers() if m.name in TIER_NAMES}
+        if len(tiers) != 1:
             untiered.append(item.nodeid)
+        elif (only := tiers.pop()) in SERIAL_TIERS:
+            item.add_marker(pytest.mark.xdist_group(only))
 
 
 @pytest.fixture(autouse=True)

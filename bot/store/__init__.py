@@ -42,6 +42,7 @@ from bot.store.rows import (
 from bot.store.runs import RunTables
 from bot.store.schema import MIGRATIONS
 from bot.store.slack import THREAD_REFS, SlackTables
+from kernel.migrations import migrate
 from kernel.retention import Retention, keep_private
 
 __all__ = [
@@ -86,24 +87,12 @@ class Store(RunTables, SlackTables, LogTables):
             self.db.execute("PRAGMA busy_timeout=5000")
             self.db.execute("PRAGMA foreign_keys=ON")
             self.db.execute("PRAGMA synchronous=NORMAL")
-            self._migrate()
+            migrate(self.db.conn, MIGRATIONS, self.db)
             self.prune()
         except OSError as exc:
             raise StoreUnavailable(f"the run store {path} cannot be used: {exc.strerror}") from None
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"the run store {path} cannot be used: {exc}") from None
-
-    def _migrate(self) -> None:
-        migrations = self.db.table("_migrations")
-        if not migrations.exists():
-            migrations.create({"id": int, "name": str, "applied_at": str}, pk="id")
-        applied = {row["id"] for row in self.db.table("_migrations").rows}
-        for number, (name, apply) in enumerate(MIGRATIONS, start=1):
-            if number in applied:
-                continue
-            with self.db.conn:
-                apply(self.db)
-                self.db.table("_migrations").insert({"id": number, "name": name, "applied_at": now()})
 
     def close(self) -> None:
         self.db.close()

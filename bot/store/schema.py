@@ -1,6 +1,6 @@
 """The store's schema, as the migrations that made it: append only, each applied once, in order, and
-recorded in _migrations by its number (its position here). A migration is history: it names what the
-schema was then, never a constant of today's code."""
+recorded in _migrations by its number (its position here), by kernel/migrations.py as the runner's journal's
+are. A migration is history: it names what the schema was then, never a constant of today's code."""
 
 from __future__ import annotations
 
