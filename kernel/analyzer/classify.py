@@ -11,7 +11,11 @@ from kernel.analyzer.signature import signature
 
 
 class Classifier:
-    """Rule → category, hint and confidence; it also words why (`k3repro analyze --explain`)."""
+    """Rule → category, hint and confidence; it also words why (`k3repro analyze --explain`).
+
+    Wrappers quote or follow the cause: when one is all there is, the cause it quotes (`Worker failed with
+    error '...'`, `RayTaskError(DistBackendError)`) is classified by the root rules.
+    """
 
     def __init__(self, rules: Rules, placer: Placer, phases: PhaseTracker) -> None:
         self._rules = rules

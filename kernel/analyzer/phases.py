@@ -159,7 +159,16 @@ class PhaseTracker:
 
 
 class Placer:
-    """The phase an error happened in, and what placed it (ErrorFinding.phase_from)."""
+    """The phase an error happened in, and what placed it (ErrorFinding.phase_from).
+
+    The rule's phase when only one is possible; `request` once the server was ready; else the outermost
+    traceback frame that places it (an exception without one waits for the traceback chained to it), else the
+    logger's module, else a worker method its line names, a collective's sequence number or a request id, else
+    the phase the markers reached, else a wrapper or marker right after it that says where the run was
+    (EngineDeadError: serving), else, when its traceback or a wrapper shows the engine starting, where the rule's
+    error happens in a start-up, else a compile-class rule's phase; else `unknown` (the arbiter lets such an
+    error wait up to `max_wait_lines` lines for a line that places it).
+    """
 
     def __init__(self, rules: Rules, phases: PhaseTracker) -> None:
         self._rules = rules
