@@ -40,10 +40,10 @@ async def execute(ctx: RunContext, cancel_reason: Callable[[], str]) -> pb.RunFi
             await _run_stage(ctx, pb.STAGE_VERDICT, verdict.run)
         finished = pb.RunFinished(
             status=pb.RUN_STATUS_COMPLETED,
-            decision=ctx.decision,
-            reasons=ctx.reasons,
+            decision=ctx.verdict.decision,
+            reasons=ctx.verdict.reasons,
             summary=summary,
-            headline=ctx.headline,
+            headline=ctx.verdict.headline,
         )
     except asyncio.CancelledError:
         reason = cancel_reason()
@@ -56,7 +56,7 @@ async def execute(ctx: RunContext, cancel_reason: Callable[[], str]) -> pb.RunFi
         message = f"runner error in {to_id(pb.Stage, ctx.stage) or 'start'}: {type(exc).__name__}: {exc}"
         finished = pb.RunFinished(status=pb.RUN_STATUS_ERROR, reasons=[message], summary=message)
     await asyncio.shield(release(ctx))
-    finished.launches = ctx.launches
+    finished.launches = ctx.session.launches
     return finished
 
 

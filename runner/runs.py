@@ -159,7 +159,7 @@ class RunHub:
                 with contextlib.suppress(JournalWriteError):
                     await asyncio.shield(release(active.context))
                 finished = pb.RunFinished(status=pb.RUN_STATUS_ERROR, reasons=[str(exc)], summary=str(exc))
-                finished.launches = active.context.launches
+                finished.launches = active.context.session.launches
             finally:
                 self.active.pop(active.context.run_id, None)  # free before a bot can read that the run ended
             await active.context.emit(run_finished=finished)

@@ -257,7 +257,7 @@ async def test_the_stage_refuses_an_unknown_profile(tmp_path: Path) -> None:
 
     request = pb.StartRunRequest(run_id="r1", profile="kimi-k9")
     ctx = RunContext("r1", request, parse_launch_command(["vllm", "serve", "m"]), runner, SimBackend("", 1), emit)
-    ctx.fingerprint = scene()
+    ctx.evidence.fingerprint = scene()
     result = await baseline_stage.run(ctx)
     assert result.status == pb.STAGE_STATUS_FAILED and "unknown baseline profile 'kimi-k9'" in result.summary
 

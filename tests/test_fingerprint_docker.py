@@ -169,5 +169,5 @@ async def test_freeze_records_the_image_scene_and_its_checklist(docker_env: Dock
     assert pinned.state == pb.CHECKLIST_STATE_PENDING and "has no digest" in pinned.evidence
     artifact = next(e.artifact.content for e in events if e.HasField("artifact"))
     assert "hunter2-prod" not in artifact and SECRET_IN_IMAGE not in artifact
-    assert ctx.fingerprint is not None and json.loads(artifact)["sha256"] == ctx.fingerprint["sha256"]
+    assert ctx.evidence.fingerprint is not None and json.loads(artifact)["sha256"] == ctx.evidence.fingerprint["sha256"]
     assert (await baseline.run(ctx)).summary.startswith("kimi-k3: warn (5 pass, 1 warn) — warn: image_pinned")

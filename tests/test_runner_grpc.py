@@ -156,7 +156,7 @@ async def test_cancel_stops_the_engine_process_group(certs: DevCerts, tmp_path: 
             async for event in events:
                 if event.WhichOneof("payload") == "phase_reached":
                     break
-            engine = daemon.hub.active["r-cancel"].context.engine
+            engine = daemon.hub.active["r-cancel"].context.session.engine
             pid = engine.pid  # type: ignore[union-attr]
             answer = await stub.CancelRun(pb.CancelRunRequest(run_id="r-cancel", requested_by="U123"), timeout=30)
             assert answer.cancelled

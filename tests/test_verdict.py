@@ -9,11 +9,11 @@ from kernel.vllm_cli import parse_launch_command
 from protos import runner_pb2 as pb
 from protos.vocab import CHECKLIST_IDS, from_id
 from runner.config import parse_runner_config
-from runner.stages.context import Attempt, RunContext
+from runner.stages.context import NOT_FAILED, Attempt, RunContext
 from runner.stages.verdict import decide, run
 
 
-def _context(tmp_path: Path, **fields: Any) -> RunContext:
+def _context(tmp_path: Path, **evidence: Any) -> RunContext:
     config = parse_runner_config({"name": "r", "cluster": "c", "allowed_images": ["*"]}, base=tmp_path, origin="test")
 
     async def emit(**_: object) -> pb.RunEvent:
@@ -24,11 +24,11 @@ def _context(tmp_path: Path, **fields: Any) -> RunContext:
         pb.StartRunRequest(),
         parse_launch_command(["vllm", "serve", "m"]),
         config,
-        None,
-        emit,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]  # the verdict reads no engine
+        emit,
     )
-    for name, value in fields.items():
-        setattr(ctx, name, value)
+    for name, value in evidence.items():
+        setattr(ctx.evidence, name, value)
     return ctx
 
 
@@ -94,9 +94,9 @@ def test_all_ten_items_holding_means_fix(tmp_path: Path) -> None:
 
 
 async def test_a_flaky_failure_is_not_repeated(tmp_path: Path) -> None:
-    ctx = _context(tmp_path, attempts=[Attempt("request", "other", "s"), Attempt("", "", "")])
+    ctx = _context(tmp_path, attempts=[Attempt("request", "other", "s"), NOT_FAILED])
     await run(ctx)
-    state, evidence = ctx.checklist[pb.CHECKLIST_ID_FAILURE_REPEATED]
+    state, evidence = ctx.evidence.checklist[pb.CHECKLIST_ID_FAILURE_REPEATED]
     assert state == pb.CHECKLIST_STATE_FAILS
     assert evidence == "1 of 2 attempts failed the same way (#1: request; #2: no failure)"
-    assert ctx.decision == pb.DECISION_CONTINUE  # one failed attempt and one clean one: not two phases
+    assert ctx.verdict.decision == pb.DECISION_CONTINUE  # one failed attempt and one clean one: not two phases

@@ -36,5 +36,5 @@ async def stalled_stacks(ctx: RunContext, engine: RunningEngine | None, source: 
     raw = [f"# {source}: where the engine's processes waited when it stalled (py-spy dump)", *summary, ""]
     for d in sorted(dumps, key=lambda d: d.pid):
         raw += [d.text.rstrip("\n") if d.text else f"Process {d.pid or d.label}: cannot attach: {d.error}", ""]
-    await ctx.artifact(f"stacks/launch-{ctx.launches}", "\n".join(raw))
+    await ctx.artifact(f"stacks/launch-{ctx.session.launches}", "\n".join(raw))
     return summary

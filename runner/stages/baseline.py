@@ -15,13 +15,13 @@ async def run(ctx: RunContext) -> StageResult:
     profile = ctx.request.profile
     if not profile:
         return StageResult(pb.STAGE_STATUS_OK, "no baseline profile configured for this cluster; not checked")
-    if ctx.fingerprint is None:
+    if ctx.evidence.fingerprint is None:
         return StageResult(pb.STAGE_STATUS_FAILED, "no fingerprint: freeze did not record the scene")
     try:
         baseline = load_baseline(profile, ctx.config.baseline_dirs)
     except BaselineError as exc:
         return StageResult(pb.STAGE_STATUS_FAILED, str(exc))
-    report = baseline.evaluate(ctx.fingerprint)
+    report = baseline.evaluate(ctx.evidence.fingerprint)
     await ctx.artifact("baseline", report)
     by_status: dict[str, list[str]] = {}
     for rule in report["rules"]:

@@ -25,7 +25,7 @@ from kernel.vllm_cli import ServeCommand, flag_table
 from protos import runner_pb2 as pb
 from protos.vocab import UNKNOWN_PHASE
 from runner.stages import proxies
-from runner.stages.context import Attempt, RunContext
+from runner.stages.context import NOT_FAILED, Attempt, RunContext
 from runner.stages.launcher import launch, release
 
 SOURCE = "minimal_launch/fresh-caches"
@@ -65,7 +65,7 @@ def _read(attempt: Attempt, command: ServeCommand) -> CacheRead | None:
 
 def why(attempts: list[Attempt], command: ServeCommand) -> str:
     """Why these attempts call for the control ("" when they do not): the condition, in words."""
-    failed = [a for a in attempts if a.phase and not a.foreign]
+    failed = [a for a in attempts if a.failed and not a.foreign]
     phases = _rules()[0]
     moved = list(dict.fromkeys(a.phase for a in failed if a.phase != UNKNOWN_PHASE))  # unknown: no phase to move
     if len(moved) > 1:
@@ -79,10 +79,10 @@ def why(attempts: list[Attempt], command: ServeCommand) -> str:
 
 async def run(ctx: RunContext, command: ServeCommand) -> None:
     """The control launch, when the attempts call for it; settles caches_not_stale either way it goes."""
-    reason = why(ctx.attempts, command)
+    reason = why(ctx.evidence.attempts, command)
     if not reason:
         return
-    failed = [a for a in ctx.attempts if a.phase and not a.foreign]
+    failed = [a for a in ctx.evidence.attempts if a.failed and not a.foreign]
     target = failed[0]
     root = ctx.config.state_dir / "runs" / ctx.run_id / "fresh-caches"
     numbers = itertools.count(1)
@@ -92,16 +92,16 @@ async def run(ctx: RunContext, command: ServeCommand) -> None:
         launched = await launch(ctx, command, SOURCE, fresh_caches=folder)
         await release(ctx)
         if launched.ready:
-            return Attempt("", "", "")
+            return NOT_FAILED
         return launched.failure or Attempt("", "other", launched.summary)
 
     got = await proxies.repeat(ctx, target, control)
-    answered = not got.phase and not got.signature
+    answered = got.held
     surveyed = await asyncio.to_thread(caches_section, os.environ, redactor())  # now: the failures may have written
     suspects = stale_suspects(surveyed["caches"], _read(target, command))
     if answered:
         where = ", ".join(path for _, path in suspects) or "the engine's caches (kernel/data/caches.toml)"
-        ctx.stale_caches = tuple(path for _, path in suspects)
+        ctx.evidence.stale_caches = tuple(path for _, path in suspects)
         names = " and ".join(dict.fromkeys(name for name, _ in suspects))
         fresh = f"a fresh {names} cache starts" if names else "fresh caches start"
         state, evidence = (

@@ -36,15 +36,15 @@ async def run(ctx: RunContext) -> StageResult:
         # Every launch of this run reads the image from the request: by the digest, a moved tag cannot change
         # what runs mid-run, and the bundle's rerun runs the same digest.
         ctx.request.image = pinned_ref
-    ctx.fingerprint = scene
+    ctx.evidence.fingerprint = scene
     await ctx.artifact("fingerprint", scene)
     for name, content in (await asyncio.to_thread(ctx.backend.scene_files)).items():
         await ctx.artifact(name, content)
     nvml, runtime = scene["nvml"], scene["runtime"]
     if nvml["available"] and nvml["driver_version"]:
-        ctx.drivers.append(nvml["driver_version"])
+        ctx.evidence.drivers.append(nvml["driver_version"])
     if scene["image"] and scene["image"].get("id"):
-        ctx.images.append(scene["image"]["id"])
+        ctx.evidence.images.append(scene["image"]["id"])
     if nvml["available"]:
         driver = f"driver {nvml['driver_version']} (CUDA {nvml['cuda_driver_version']}), {nvml['gpu_count']} GPU(s)"
         await ctx.check(pb.CHECKLIST_ID_HOST_DRIVER_RECORDED, HOLDS, driver)

@@ -24,8 +24,8 @@ from kernel.vllm_cli import ServeCommand
 from protos import runner_pb2 as pb
 from protos.vocab import from_id
 from runner.stages import probes, proxies
-from runner.stages.context import Attempt, RunContext, StageResult, StepOutcome
-from runner.stages.launcher import attempt_of, foreign_now, launch
+from runner.stages.context import NOT_FAILED, Attempt, RunContext, StageResult, StepOutcome
+from runner.stages.launcher import attempt_of, foreign_now, launch, not_reusable
 from runner.stages.prometheus import counter_total
 
 FALLBACK_MAX_MODEL_LEN = 2048  # when neither the server nor the launch says: a probe too short, never too long
@@ -90,13 +90,13 @@ async def run(ctx: RunContext) -> StageResult:
     spec = ladder_spec()
     for step in spec.steps:
         outcome = _relate(ctx, await _step(ctx, spec, step))
-        ctx.steps.append(outcome)
+        ctx.evidence.steps.append(outcome)
         await ctx.emit(ladder_step=_message(step, outcome))
-    trigger = next((s for s in ctx.steps if s.failure is not None), None)
+    trigger = next((s for s in ctx.evidence.steps if s.failure is not None), None)
     if trigger is None:
         return StageResult(
             pb.STAGE_STATUS_OK,
-            f"every step held, the deployment as written included ({ctx.launches} launches in all)",
+            f"every step held, the deployment as written included ({ctx.session.launches} launches in all)",
         )
     await _repeat(ctx, spec, trigger)
     split = " (several flags: `minimize` can split them)" if len(trigger.added) > 1 else ""
@@ -126,14 +126,14 @@ def _message(step: StepSpec, outcome: StepOutcome) -> pb.LadderStepResult:
 
 def _relate(ctx: RunContext, outcome: StepOutcome) -> StepOutcome:
     """A failure with the signature of the first one reproduces it; others are candidates."""
-    first = next((s.failure for s in ctx.steps if s.failure is not None), None)
+    first = next((s.failure for s in ctx.evidence.steps if s.failure is not None), None)
     if outcome.failure is None or first is None or not outcome.failure.same_as(first):
         return outcome
     return replace(outcome, outcome=pb.LADDER_OUTCOME_SAME_AS_TARGET)
 
 
 async def _step(ctx: RunContext, spec: LadderSpec, step: StepSpec, source: str = "") -> StepOutcome:
-    stable = ctx.stable
+    stable = ctx.plan.stable
     assert stable is not None, "the ladder starts from a configuration that answered"
     if step.as_written:
         return await _as_written(ctx, spec, step, stable, source)
@@ -158,10 +158,10 @@ async def _step(ctx: RunContext, spec: LadderSpec, step: StepSpec, source: str =
     if step.probe == "tools" and desired == stable and not _features(ctx, step):
         return StepOutcome(step.id, pb.LADDER_OUTCOME_NOT_APPLICABLE, _no_features(step), relaunched=False)
     outcome = await _tested(ctx, spec, step, desired, source or f"ladder/{step.id}")
-    if outcome.failure is not None and outcome.failure.proxy and ctx.proxy_for is None:
+    if outcome.failure is not None and outcome.failure.proxy and ctx.plan.proxy_for is None:
         outcome = await _confirmed(ctx, spec, step, desired, outcome)
     elif outcome.failure is None:
-        ctx.stable = desired
+        ctx.plan.stable = desired
     return _naming(outcome, added)
 
 
@@ -177,7 +177,7 @@ async def _as_written(
 ) -> StepOutcome:
     """The last rung: the deployment's own command, on the real configuration. Not needed once a step before it
     reproduced the failure being looked for (the deployment as written carries that step's flags too)."""
-    reproduced = next((s for s in ctx.steps if s.failure is not None), None)
+    reproduced = next((s for s in ctx.evidence.steps if s.failure is not None), None)
     if reproduced is not None and not source and _is_the_deployments(ctx, reproduced.failure):
         return StepOutcome(
             step.id,
@@ -191,7 +191,7 @@ async def _as_written(
     with proxies.real_only(ctx):
         outcome = await _tested(ctx, spec, step, desired, source or f"ladder/{step.id}")
     if outcome.failure is None:
-        ctx.stable = desired
+        ctx.plan.stable = desired
     outcome = replace(outcome, detail=f"the deployment's own command, as written: {outcome.detail}")
     return _naming(outcome, added)
 
@@ -206,7 +206,8 @@ def _is_the_deployments(ctx: RunContext, failure: Attempt | None) -> bool:
 async def _tested(ctx: RunContext, spec: LadderSpec, step: StepSpec, desired: ServeCommand, source: str) -> StepOutcome:
     """The step on a server running `desired` (or its proxy): relaunched only when the live one differs."""
     launched_as = proxies.planned(ctx, desired)[0]
-    relaunched = ctx.running is None or ctx.running.argv() != launched_as.argv() or not ctx.config.engine.reuse_server
+    running = ctx.session.running
+    relaunched = running is None or running.argv() != launched_as.argv() or not ctx.config.engine.reuse_server
     if relaunched:
         started = await launch(ctx, desired, source)
         if not started.ready:
@@ -225,14 +226,14 @@ async def _confirmed(
     seen, wanted = real.failure, on_proxy.failure
     if seen is not None and seen.same_as(wanted):
         return replace(real, detail=f"{real.detail} (met on a proxy, confirmed on the real configuration)")
-    what = f"fails in {seen.phase} ({seen.category})" if seen is not None and seen.phase else "holds"
+    what = f"fails in {seen.phase} ({seen.category})" if seen is not None and seen.failed else "holds"
     await ctx.artifact(
         "proxy_abandoned",
         f"ladder step {step.id} failed on a proxy in {wanted.phase} ({wanted.category}) but {what} on the real "
         "configuration: the proxy's failure is not evidence",
     )
     if real.failure is None:
-        ctx.stable = desired
+        ctx.plan.stable = desired
     return real
 
 
@@ -337,7 +338,7 @@ async def _not_answered(
 async def _prefix_counters(
     ctx: RunContext, spec: LadderSpec, http: aiohttp.ClientSession
 ) -> tuple[float, float] | None:
-    text = await probes.get_text(http, f"{ctx.base_url}/metrics")
+    text = await probes.get_text(http, f"{ctx.session.base_url}/metrics")
     if text is None:
         return None
     queries, hits = counter_total(text, spec.prefix_queries), counter_total(text, spec.prefix_hits)
@@ -349,11 +350,11 @@ async def _token_budget(ctx: RunContext, http: aiohttp.ClientSession, fraction: 
     and the deployment (its --max-model-len) accept, leaving room for the request's max_tokens. A prompt longer
     than production ever takes tests what the deployment does not have."""
     limits: list[int] = []
-    models = await probes.get_json(http, f"{ctx.base_url}/v1/models")
+    models = await probes.get_json(http, f"{ctx.session.base_url}/v1/models")
     for model in models.get("data", []) if isinstance(models, dict) else []:
         if isinstance(model, dict) and isinstance(model.get("max_model_len"), int):
             limits.append(int(model["max_model_len"]))
-    for command in (ctx.running, ctx.command):
+    for command in (ctx.session.running, ctx.command):
         flag = command.value("--max-model-len") if command is not None else None
         if isinstance(flag, str) and flag.isdigit():
             limits.append(int(flag))
@@ -367,7 +368,7 @@ async def _request_failed(
 ) -> StepOutcome:
     """A failed request is explained by the engine's first error when its log shows one (a request that timed
     out already gave the log its time)."""
-    follower = ctx.follower
+    follower = ctx.session.follower
     if follower is not None and not probes.timed_out(result):
         await follower.wait_first_error()
     error = follower.first_error.result() if follower is not None and follower.first_error.done() else None
@@ -379,10 +380,10 @@ async def _request_failed(
             spec,
             step,
             summary,
-            Attempt("request", "request_error", said, foreign=foreign_now(ctx), proxy=ctx.running_proxies),
+            Attempt("request", "request_error", said, foreign=foreign_now(ctx), proxy=ctx.session.running_proxies),
             relaunched,
         )
-    ctx.running = None  # an engine that logged a fatal error is not a server to reuse
+    not_reusable(ctx)
     summary = f"failed in {error.phase} ({error.category}): {error.line}"
     return _failed(spec, step, summary, attempt_of(ctx, error), relaunched)
 
@@ -395,24 +396,24 @@ def _failed(spec: LadderSpec, step: str, summary: str, failure: Attempt, relaunc
 async def _repeat(ctx: RunContext, spec: LadderSpec, trigger: StepOutcome) -> None:
     """Attempts the trigger step again, on top of the configuration it failed on, to show it repeats."""
     assert trigger.failure is not None
-    ctx.attempts.append(trigger.failure)
+    ctx.evidence.attempts.append(trigger.failure)
     step = next(s for s in spec.steps if s.id == trigger.step)
-    base = ctx.stable
+    base = ctx.plan.stable
     for number in range(2, ctx.config.engine.failure_attempts + 1):
 
         async def again(source: str = f"ladder/{step.id}/repeat-{number}") -> Attempt:
-            ctx.stable = _before(ctx, trigger)
+            ctx.plan.stable = _before(ctx, trigger)
             outcome = await _step(ctx, spec, step, source)
-            return outcome.failure or Attempt("", "", "")
+            return outcome.failure or NOT_FAILED
 
-        ctx.attempts.append(await proxies.repeat(ctx, trigger.failure, again))
-    ctx.stable = base
+        ctx.evidence.attempts.append(await proxies.repeat(ctx, trigger.failure, again))
+    ctx.plan.stable = base
 
 
 def _before(ctx: RunContext, trigger: StepOutcome) -> ServeCommand:
     """The stable configuration the trigger step was added to (the steps before it that held)."""
     command = ctx.command.minimal()
-    for outcome in ctx.steps:
+    for outcome in ctx.evidence.steps:
         if outcome is trigger:
             break
         flags = next(s.flags for s in ladder_spec().steps if s.id == outcome.step)

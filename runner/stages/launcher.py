@@ -55,15 +55,15 @@ def attempt_of(ctx: RunContext, error: ErrorFinding) -> Attempt:
         error.secondary_oom,
         foreign=foreign_now(ctx),
         during=error.during,
-        proxy=ctx.running_proxies,
+        proxy=ctx.session.running_proxies,
         line=error.line,
-        waits=ctx.follower.stacks[0] if ctx.follower is not None and ctx.follower.stacks else "",
+        waits=follower.stacks[0] if (follower := ctx.session.follower) is not None and follower.stacks else "",
     )
 
 
 def foreign_now(ctx: RunContext) -> bool:
     """Whether the engine now running (or last launched) started while others held GPU memory."""
-    return bool(ctx.holders and ctx.holders[-1])
+    return bool(ctx.evidence.holders and ctx.evidence.holders[-1])
 
 
 def shell_line(command: ServeCommand) -> str:
@@ -85,26 +85,27 @@ async def launch(ctx: RunContext, command: ServeCommand, source: str, fresh_cach
     port = reservation.port
     launched = command.with_flag("--host", host).with_flag("--port", str(port))
     line = shell_line(launched)
-    ctx.launches += 1
+    session = ctx.session
+    session.launches += 1
     proxies = [pb.ProxyUsed(id=p.id, removes=p.removes) for p in used]
-    await ctx.emit(launch_started=pb.LaunchStarted(source=source, line=line, proxies=proxies, number=ctx.launches))
-    ctx.running_proxies = tuple(p.id for p in used)
+    await ctx.emit(launch_started=pb.LaunchStarted(source=source, line=line, proxies=proxies, number=session.launches))
+    session.running_proxies = tuple(p.id for p in used)
     fresh = {"fresh_caches": fresh_caches} if fresh_caches is not None else {}  # only the control launch asks
     starting = asyncio.ensure_future(
         ctx.backend.launch(launched.argv(), run_id=ctx.run_id, image=ctx.request.image, **fresh)
     )
     try:
-        ctx.engine = await asyncio.shield(starting)
+        session.engine = engine = await asyncio.shield(starting)
     except asyncio.CancelledError:  # cancelled while the engine was starting: stop what it started, then go
         await (await starting).stop(ctx.config.engine.stop_grace_s)
         _unreserve(ctx)
         raise
-    if ctx.engine.image_id:
-        ctx.images.append(ctx.engine.image_id)
-    at = getattr(ctx.engine, "address", "") or host  # a backend whose engine says where it serves (a Pod's IP)
-    ctx.base_url = base_url = f"http://{at}:{port}" if ":" not in at else f"http://[{at}]:{port}"
-    ctx.follower = follower = LogFollower(ctx.engine, ctx.emit, source, ctx.clock, lambda: healthy_now(base_url))
-    ctx.running = command
+    if engine.image_id:
+        ctx.evidence.images.append(engine.image_id)
+    at = getattr(engine, "address", "") or host  # a backend whose engine says where it serves (a Pod's IP)
+    session.base_url = base_url = f"http://{at}:{port}" if ":" not in at else f"http://[{at}]:{port}"
+    session.follower = follower = LogFollower(engine, ctx.emit, source, ctx.clock, lambda: healthy_now(base_url))
+    session.running = command
     ready, summary, failure = await _until_ready(ctx, follower)
     error = follower.first_error.result() if follower.first_error.done() else None
     if not ready:
@@ -112,7 +113,7 @@ async def launch(ctx: RunContext, command: ServeCommand, source: str, fresh_cach
     if error is not None:
         failure = attempt_of(ctx, error)
     elif failure is not None:
-        failure = replace(failure, foreign=foreign_now(ctx), proxy=ctx.running_proxies)
+        failure = replace(failure, foreign=foreign_now(ctx), proxy=session.running_proxies)
     return Launch(command, line, ready, summary, failure, error)
 
 
@@ -127,21 +128,21 @@ async def _guard_gpu_memory(ctx: RunContext) -> None:
             break
         await ctx.clock.poll(DRAIN_POLL_S)
     if view.available and view.driver_version:
-        ctx.drivers.append(view.driver_version)
+        ctx.evidence.drivers.append(view.driver_version)
     per_pid: dict[int, list[int]] = {}
     for process in processes:
         per_pid.setdefault(process.pid, []).append(process.used_memory_mib)
         name = f" ({process.name})" if process.name else ""
-        ctx.holder_notes[process.pid] = (
+        ctx.evidence.holder_notes[process.pid] = (
             f"pid {process.pid}{name} {sum(per_pid[process.pid])} MiB on {len(per_pid[process.pid])} GPU(s)"
         )
-    ctx.holders.append(frozenset(per_pid))
+    ctx.evidence.holders.append(frozenset(per_pid))
     if per_pid:
         await ctx.artifact(
             "foreign_gpu_memory",
             {
                 "note": "held by other processes when the launch started",
-                "holders": [ctx.holder_notes[p] for p in per_pid],
+                "holders": [ctx.evidence.holder_notes[p] for p in per_pid],
             },
         )
 
@@ -150,15 +151,22 @@ async def release(ctx: RunContext, grace_s: float | None = None) -> None:
     """Stops the engine and lets its log follower send the last lines, so nothing arrives after the run ends.
 
     From here on the engine's log is the echo of our stop, not evidence (the follower is told so first)."""
-    if ctx.follower is not None:
-        ctx.follower.stopping()
-    if ctx.engine is not None and ctx.engine.returncode is None:
+    session = ctx.session
+    if session.follower is not None:
+        session.follower.stopping()
+    if session.engine is not None and session.engine.returncode is None:
         grace = ctx.config.engine.stop_grace_s if grace_s is None else min(grace_s, ctx.config.engine.stop_grace_s)
-        await ctx.engine.stop(grace)
-    if ctx.follower is not None:
-        await ctx.follower.drain(timeout_s=DRAIN_S)
-    ctx.running = None
+        await session.engine.stop(grace)
+    if session.follower is not None:
+        await session.follower.drain(timeout_s=DRAIN_S)
+    session.running = None
     _unreserve(ctx)  # the engine is stopped: its port may go to another launch
+
+
+def not_reusable(ctx: RunContext) -> None:
+    """The live engine logged a fatal error: it is not a server to reuse (the next step relaunches). It is left
+    running, for its log to say the rest, until the next launch or the end of the run releases it."""
+    ctx.session.running = None
 
 
 def _unreserve(ctx: RunContext) -> None:
@@ -197,7 +205,7 @@ async def _until_ready(ctx: RunContext, follower: LogFollower) -> tuple[bool, st
             if follower.ended:
                 if follower.first_error.done():
                     continue
-                code = await ctx.engine.wait() if ctx.engine else None
+                code = await ctx.session.engine.wait() if ctx.session.engine else None
                 last = follower.tail[-1] if follower.tail else "(no output)"
                 phase = follower.analyzer.phase or "container_init"
                 return (
@@ -209,14 +217,14 @@ async def _until_ready(ctx: RunContext, follower: LogFollower) -> tuple[bool, st
                 follower.analyzer.stalled(clock.now(), clock.limit(engine_config.stall_timeout_s)) if begun else None
             )
             if stall is not None:  # where each process waits, dumped while it still waits (before the stop)
-                hang = await follower.hang(stall, await stalled_stacks(ctx, ctx.engine, follower.source))
+                hang = await follower.hang(stall, await stalled_stacks(ctx, ctx.session.engine, follower.source))
                 return False, f"failed in {hang.phase} ({hang.category}): {hang.line}", None
-            if await healthy(http, ctx.base_url):
-                port = int(ctx.base_url.rsplit(":", 1)[1])
-                if foreign := await asyncio.to_thread(foreign_listener, ctx.engine, port):
+            if await healthy(http, ctx.session.base_url):
+                port = int(ctx.session.base_url.rsplit(":", 1)[1])
+                if foreign := await asyncio.to_thread(foreign_listener, ctx.session.engine, port):
                     phase = follower.analyzer.phase or "container_init"
                     return False, foreign, Attempt(phase, "other", f"port {port} served by another process")
-                return True, f"API answered at {ctx.base_url} (/health 200)", None
+                return True, f"API answered at {ctx.session.base_url} (/health 200)", None
             if begun and clock.now() > deadline:
                 phase = follower.analyzer.phase or "container_init"
                 return (

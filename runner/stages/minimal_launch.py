@@ -12,7 +12,7 @@ from __future__ import annotations
 from kernel.analyzer import ErrorFinding
 from protos import runner_pb2 as pb
 from runner.stages import cache_control, proxies
-from runner.stages.context import Attempt, RunContext, StageResult
+from runner.stages.context import NOT_FAILED, Attempt, RunContext, StageResult
 from runner.stages.launcher import launch, release, shell_line
 
 
@@ -30,19 +30,19 @@ async def run(ctx: RunContext) -> StageResult:
         return StageResult(pb.STAGE_STATUS_OK, first.summary)
     diagnosis = await _without_cuda_graphs(ctx, first.error) if first.error else ""
     target = first.failure or Attempt("", "other", first.summary)
-    ctx.attempts.append(target)
+    ctx.evidence.attempts.append(target)
     for number in range(2, ctx.config.engine.failure_attempts + 1):
 
         async def again(source: str = f"minimal_launch/attempt-{number}") -> Attempt:
             launched = await launch(ctx, minimal, source)
-            return launched.failure or Attempt("", "", "")
+            return launched.failure or NOT_FAILED
 
-        ctx.attempts.append(await proxies.repeat(ctx, target, again))
-        if not ctx.attempts[-1].phase:  # it answered: the failure did not repeat
+        ctx.evidence.attempts.append(await proxies.repeat(ctx, target, again))
+        if not ctx.evidence.attempts[-1].failed:  # it answered: the failure did not repeat
             break
     await cache_control.run(ctx, minimal)
-    same = sum(1 for a in ctx.attempts if a.same_as(ctx.attempts[0]))
-    summary = f"{first.summary} ({same} of {len(ctx.attempts)} attempts failed the same way)"
+    same = sum(1 for a in ctx.evidence.attempts if a.same_as(ctx.evidence.attempts[0]))
+    summary = f"{first.summary} ({same} of {len(ctx.evidence.attempts)} attempts failed the same way)"
     return StageResult(pb.STAGE_STATUS_FAILED, f"{summary}; {diagnosis}" if diagnosis else summary)
 
 
@@ -57,6 +57,6 @@ async def _without_cuda_graphs(ctx: RunContext, error: ErrorFinding) -> str:
         else f"with --enforce-eager it still fails ({eager.summary}): CUDA graphs are not the only cause"
     )
     await ctx.artifact("enforce_eager_diagnostic", f"{verdict} — {eager.line}")
-    ctx.diagnosis = verdict
+    ctx.evidence.diagnosis = verdict
     await release(ctx)
     return verdict

@@ -206,20 +206,20 @@ class Tester:
             return started.failure or Attempt("", "other", started.summary)
         if self.target.phase in START_PHASES:
             await release(ctx)
-            return Attempt("", "", "", proxy=ctx.running_proxies)
+            return Attempt.did_not_fail(ctx.session.running_proxies)
         outcome = await ladder.probe(ctx, self.step)
         await release(ctx)
         if outcome.failure is not None:
             return outcome.failure
         if outcome.outcome == pb.LADDER_OUTCOME_PROBE_ERROR:
-            return Attempt("", "probe_error", outcome.detail, proxy=ctx.running_proxies)
-        return Attempt("", "", "", proxy=ctx.running_proxies)
+            return Attempt("", "probe_error", outcome.detail, proxy=ctx.session.running_proxies)
+        return Attempt.did_not_fail(ctx.session.running_proxies)
 
     def _verdict(self, got: Attempt) -> Tested:
         target, real = self.target, not got.proxy
-        if got.phase and got.same_as(target):
+        if got.failed and got.same_as(target):
             return Tested("fail", f"fails in {got.phase} ({got.category}) with the same first error", 1, real)
-        if not got.phase and not got.category:
+        if got.held:
             return Tested("pass", "launched and answered the probe", 1, real)
         if got.category == "probe_error":
             return Tested("unresolved", f"nothing tested: {got.signature}", 1, real)
@@ -263,7 +263,7 @@ async def run(ctx: RunContext) -> StageResult:
     return StageResult(
         pb.STAGE_STATUS_OK,
         f"{len(minimal)} of {len(units)} flags still fail in {target.phase} ({target.category}): {flags}{proven} — "
-        f"{len(tester.order)} flag sets tested, {ctx.launches} launches, confidence {result['confidence']:.2f}",
+        f"{len(tester.order)} flag sets tested, {ctx.session.launches} launches, confidence {result['confidence']:.2f}",
     )
 
 
@@ -293,5 +293,5 @@ def _result(ctx: RunContext, tester: Tester, minimal: tuple[Unit, ...], confirme
             {"flags": [u.text for u in subset], "verdict": t.verdict, "why": t.why, "tries": t.tries, "real": t.real}
             for subset, t in tester.order
         ],
-        "launches": ctx.launches,
+        "launches": ctx.session.launches,
     }

@@ -94,7 +94,7 @@ def refused_as_invalid(result: pb.RequestResult) -> bool:
 
 def headers(ctx: RunContext) -> dict[str, str]:
     """What a client of this deployment sends: its API key when the server was started with one."""
-    command = ctx.running or ctx.command
+    command = ctx.session.running or ctx.command
     key = command.value("--api-key")
     return {"Authorization": f"Bearer {key}"} if isinstance(key, str) and key else {}
 
@@ -105,7 +105,10 @@ async def count_tokens(http: aiohttp.ClientSession, ctx: RunContext, body: dict[
     query.update({k: body[k] for k in ("messages", "prompt") if k in body})
     try:
         async with http.post(
-            f"{ctx.base_url}/tokenize", json=query, headers=headers(ctx), timeout=aiohttp.ClientTimeout(total=30)
+            f"{ctx.session.base_url}/tokenize",
+            json=query,
+            headers=headers(ctx),
+            timeout=aiohttp.ClientTimeout(total=30),
         ) as response:
             answer = await response.json(content_type=None) if response.status == 200 else None
     except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError):
@@ -134,14 +137,15 @@ async def send(http: aiohttp.ClientSession, ctx: RunContext, body: dict[str, Any
     memory in use before and after it and the warnings the engine logged meanwhile."""
     result = pb.RequestResult(attempt=attempt, max_tokens=int(body.get("max_tokens") or 0))
     result.gpu_memory_before_mib = await gpu_memory_in_use(ctx)
-    logged = len(ctx.follower.warnings) if ctx.follower is not None else 0
+    session = ctx.session
+    logged = len(session.follower.warnings) if session.follower is not None else 0
     path = PATHS[api(ctx)]
-    answers = ctx.follower.answered(path) if ctx.follower is not None else 0
+    answers = session.follower.answered(path) if session.follower is not None else 0
     clock = ctx.clock
     started = clock.now()
     timeout = aiohttp.ClientTimeout(total=clock.wall(clock.limit(ctx.config.engine.request_timeout_s)))
     try:
-        async with http.post(f"{ctx.base_url}{path}", json=body, headers=headers(ctx), timeout=timeout) as response:
+        async with http.post(f"{session.base_url}{path}", json=body, headers=headers(ctx), timeout=timeout) as response:
             result.http_status = response.status
             answer = await response.json(content_type=None)
     except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
@@ -158,9 +162,9 @@ async def send(http: aiohttp.ClientSession, ctx: RunContext, body: dict[str, Any
             error = answer["error"]
             result.error = str(error.get("message") if isinstance(error, dict) else error)
     result.gpu_memory_after_mib = await gpu_memory_in_use(ctx)
-    if ctx.follower is not None:  # a line logged just before the answer may still be in the pipe
-        await ctx.follower.until_answered(path, answers, LOG_SETTLE_S)
-        result.warnings.extend(line[:MAX_WARNING_CHARS] for line in ctx.follower.warnings[logged:][:MAX_WARNINGS])
+    if session.follower is not None:  # a line logged just before the answer may still be in the pipe
+        await session.follower.until_answered(path, answers, LOG_SETTLE_S)
+        result.warnings.extend(line[:MAX_WARNING_CHARS] for line in session.follower.warnings[logged:][:MAX_WARNINGS])
     return result
 
 
@@ -194,12 +198,12 @@ def timed_out(result: pb.RequestResult) -> bool:
 async def hang_of(ctx: RunContext, result: pb.RequestResult) -> ErrorFinding | None:
     """A request the server never answered within request_timeout_s is a hang, and the engine's finding (its
     last line besides vLLM's waiting messages says what it waited for); None for any other failure."""
-    follower = ctx.follower
+    follower = ctx.session.follower
     if not timed_out(result) or follower is None:
         return None
     if follower.first_error.done():
         return None
     stall = Stall("request", ctx.config.engine.request_timeout_s, follower.analyzer.last_progress_line)
-    stacks = await stalled_stacks(ctx, ctx.engine, follower.source)  # while the engine still waits
+    stacks = await stalled_stacks(ctx, ctx.session.engine, follower.source)  # while the engine still waits
     finding: ErrorFinding = await follower.hang(stall, stacks)
     return finding

@@ -78,12 +78,12 @@ def planned(ctx: RunContext, command: ServeCommand) -> tuple[ServeCommand, tuple
     """What a launch of `command` runs now: with the proxies that preserve the failure being repeated, or the
     ladder's proxies once a real launch answered; never dropping a value the deployment chose (unless the
     proxy replaces it)."""
-    target = ctx.proxy_for
+    target = ctx.plan.proxy_for
     if not ctx.config.engine.proxies:
         chosen: tuple[Proxy, ...] = ()
     elif target is not None:
         chosen = tuple(p for p in proxies() if p.preserves(target) and p.fits(command))
-    elif ctx.ladder_proxies:
+    elif ctx.plan.ladder_proxies:
         chosen = tuple(p for p in proxies() if p.ladder and p.fits(command))
     else:
         chosen = ()
@@ -96,15 +96,15 @@ async def repeat(ctx: RunContext, target: Attempt, attempt: Callable[[], Awaitab
     """One repeat of `target` (`attempt` launches and probes, and says how it failed, if it did): on a proxy
     where one applies, confirmed by its phase and signature; else, or when the proxy does not reproduce it,
     on the real configuration."""
-    if target.phase and not target.foreign and any(p.preserves(target) for p in proxies()):
-        ctx.proxy_for = target
+    if target.failed and not target.foreign and any(p.preserves(target) for p in proxies()):
+        ctx.plan.proxy_for = target
         try:
             got = await attempt()
         finally:
-            ctx.proxy_for = None
+            ctx.plan.proxy_for = None
         if got.same_as(target):
             return got
-        seen = f"failed in {got.phase} ({got.category})" if got.phase else "did not fail"
+        seen = f"failed in {got.phase} ({got.category})" if got.failed else "did not fail"
         await ctx.artifact(
             "proxy_abandoned",
             f"the proxy launch {seen} where the real one failed in {target.phase} ({target.category}): "
@@ -114,11 +114,17 @@ async def repeat(ctx: RunContext, target: Attempt, attempt: Callable[[], Awaitab
         return await attempt()
 
 
+def answered(ctx: RunContext) -> None:
+    """The fixed request answered: once on the real configuration (the real weights were read), ladder
+    relaunches may use the ladder's proxies."""
+    ctx.plan.ladder_proxies = not ctx.session.running_proxies
+
+
 @contextlib.contextmanager
 def real_only(ctx: RunContext) -> Iterator[None]:
     """Launches in this block run the real configuration (a confirmation, or a repeat no proxy may stand in for)."""
-    before, ctx.ladder_proxies = ctx.ladder_proxies, False
+    before, ctx.plan.ladder_proxies = ctx.plan.ladder_proxies, False
     try:
         yield
     finally:
-        ctx.ladder_proxies = before
+        ctx.plan.ladder_proxies = before

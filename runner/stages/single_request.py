@@ -17,8 +17,8 @@ from kernel.analyzer import ErrorFinding, default_rules
 from kernel.analyzer.signature import signature
 from protos import runner_pb2 as pb
 from runner.stages import proxies
-from runner.stages.context import Attempt, RunContext, StageResult
-from runner.stages.launcher import attempt_of, foreign_now, healthy_now, launch
+from runner.stages.context import NOT_FAILED, Attempt, RunContext, StageResult
+from runner.stages.launcher import attempt_of, foreign_now, healthy_now, launch, not_reusable
 from runner.stages.probes import fixed_body, hang_of, refused_as_invalid, send
 
 DEFAULT_REPEATS = 3
@@ -30,7 +30,7 @@ async def run(ctx: RunContext) -> StageResult:
     results = await _ask(ctx, body, repeats)
     crash = await _engine_error(ctx, results)
     if crash is not None:
-        serving = bool(ctx.base_url) and await healthy_now(ctx.base_url)
+        serving = bool(ctx.session.base_url) and await healthy_now(ctx.session.base_url)
         return await _reproduce(ctx, body, crash, results, serving)
     return await _judge(ctx, results, repeats)
 
@@ -44,14 +44,14 @@ async def _ask(ctx: RunContext, body: dict[str, Any], repeats: int, first: int =
             results.append(result)
             await ctx.emit(request_result=result)
             await hang_of(ctx, result)
-            if ctx.follower is not None and ctx.follower.first_error.done():
+            if (follower := ctx.session.follower) is not None and follower.first_error.done():
                 break
     return results
 
 
 async def _engine_error(ctx: RunContext, results: list[pb.RequestResult]) -> ErrorFinding | None:
     """The engine's first error behind a failed answer, once its log had a moment to show it."""
-    follower = ctx.follower
+    follower = ctx.session.follower
     if follower is None or all(r.http_status == 200 or refused_as_invalid(r) for r in results):
         return None
     if not follower.first_error.done():
@@ -65,8 +65,8 @@ async def _reproduce(
     evidence = f"{crash.phase} · {crash.category} · {crash.line}"
     await ctx.check(pb.CHECKLIST_ID_FIRST_ERROR_SAVED, pb.CHECKLIST_STATE_HOLDS, evidence)
     target = attempt_of(ctx, crash)
-    ctx.attempts.append(target)
-    ctx.running = None  # an engine that logged a fatal error is not a server to reuse
+    ctx.evidence.attempts.append(target)
+    not_reusable(ctx)
     asked = [len(results)]
     for number in range(2, ctx.config.engine.failure_attempts + 1):
 
@@ -78,17 +78,17 @@ async def _reproduce(
             asked[0] += len(answers)
             error = await _engine_error(ctx, answers)
             if error is None:
-                return Attempt("", "", "")
-            ctx.running = None
+                return NOT_FAILED
+            not_reusable(ctx)
             return attempt_of(ctx, error)
 
-        ctx.attempts.append(await proxies.repeat(ctx, target, again))
-    same = sum(1 for a in ctx.attempts if a.same_as(ctx.attempts[0]))
+        ctx.evidence.attempts.append(await proxies.repeat(ctx, target, again))
+    same = sum(1 for a in ctx.evidence.attempts if a.same_as(ctx.evidence.attempts[0]))
     return StageResult(
         pb.STAGE_STATUS_FAILED,
         f"the fixed request {'fails (the server goes on serving)' if serving else 'kills the engine'}: "
         f"failed in {crash.phase} ({crash.category}): {crash.line} "
-        f"({same} of {len(ctx.attempts)} attempts failed the same way)",
+        f"({same} of {len(ctx.evidence.attempts)} attempts failed the same way)",
     )
 
 
@@ -108,8 +108,8 @@ async def _judge(ctx: RunContext, results: list[pb.RequestResult], repeats: int)
             pb.CHECKLIST_ID_SINGLE_REQUEST_FIXED, pb.CHECKLIST_STATE_HOLDS, f"same answer {repeats}×: {described}"
         )
     if len(answered) == repeats:
-        ctx.stable = ctx.running
-        ctx.ladder_proxies = not ctx.running_proxies  # the real weights were read and the server answered
+        ctx.plan.stable = ctx.session.running
+        proxies.answered(ctx)
         return StageResult(pb.STAGE_STATUS_OK, f"{repeats}/{repeats} answered: {described}")
     failed = next(r for r in results if r.http_status != 200)
     reason = failed.error or f"HTTP {failed.http_status}"
@@ -123,8 +123,8 @@ async def _judge(ctx: RunContext, results: list[pb.RequestResult], repeats: int)
     said = signature(default_rules(), "request", "request_error", reason)
     for result in results:
         if result.http_status != 200:
-            ctx.attempts.append(
-                Attempt("request", "request_error", said, foreign=foreign_now(ctx), proxy=ctx.running_proxies)
+            ctx.evidence.attempts.append(
+                Attempt("request", "request_error", said, foreign=foreign_now(ctx), proxy=ctx.session.running_proxies)
             )
     await ctx.check(pb.CHECKLIST_ID_FIRST_ERROR_SAVED, pb.CHECKLIST_STATE_HOLDS, f"request · request_error · {reason}")
     return StageResult(

@@ -24,11 +24,11 @@ async def run(ctx: RunContext) -> StageResult:
     await _revertible(ctx)
     await _repeated(ctx)
     await _caches(ctx)
-    ctx.decision, ctx.reasons = decide(ctx)
+    ctx.verdict.decision, ctx.verdict.reasons = decide(ctx)
     if compared := against_deployment(ctx):
-        ctx.reasons.append(compared)
-    ctx.headline = headline(ctx)
-    return StageResult(pb.STAGE_STATUS_OK, f"{to_id(pb.Decision, ctx.decision)}: {ctx.headline}")
+        ctx.verdict.reasons.append(compared)
+    ctx.verdict.headline = headline(ctx)
+    return StageResult(pb.STAGE_STATUS_OK, f"{to_id(pb.Decision, ctx.verdict.decision)}: {ctx.verdict.headline}")
 
 
 def decide(ctx: RunContext) -> tuple[pb.Decision, list[str]]:
@@ -41,12 +41,12 @@ def decide(ctx: RunContext) -> tuple[pb.Decision, list[str]]:
         held = f"all {len(CHECKLIST_IDS) - moot} checklist items" + (" that apply" if moot else "")
         return pb.DECISION_FIX, [f"{held} hold: fix in place, one change at a time"]
     reasons = [f"no evidence yet for: {', '.join(missing)}"]
-    if any(ctx.holders):
-        holders = ", ".join(ctx.holder_notes[p] for p in sorted(frozenset().union(*ctx.holders)))
+    if any(ctx.evidence.holders):
+        holders = ", ".join(ctx.evidence.holder_notes[p] for p in sorted(frozenset().union(*ctx.evidence.holders)))
         reasons.insert(
             0, f"free the GPUs first: {holders}; launches that start with their memory held are not evidence"
         )
-    if ctx.steps and not ctx.attempts:
+    if ctx.evidence.steps and not ctx.evidence.attempts:
         reasons.insert(
             0,
             "the failure did not reproduce on this runner: every stage and ladder step held, the deployment as "
@@ -63,7 +63,8 @@ def against_deployment(ctx: RunContext) -> str:
     wanted = ctx.request.deployment_error
     phase, category = to_id(pb.Phase, wanted.phase), to_id(pb.ErrorCategory, wanted.category)
     where = f"{'a phase the log does not show' if phase == UNKNOWN_PHASE else phase} [{category}]"
-    found = next((a for a in ctx.attempts if a.phase), None) or next((s.failure for s in ctx.steps if s.failure), None)
+    attempts, steps = ctx.evidence.attempts, ctx.evidence.steps
+    found = next((a for a in attempts if a.failed), None) or next((s.failure for s in steps if s.failure), None)
     if found is None:
         return f"the deployment's log fails in {where}; this run met no failure: not reproduced"
     if found.same_as(wanted):
@@ -75,33 +76,33 @@ def against_deployment(ctx: RunContext) -> str:
 
 
 def _state(ctx: RunContext, item: str) -> pb.ChecklistState:
-    return ctx.checklist.get(from_id(pb.ChecklistId, item), (PENDING, ""))[0]
+    return ctx.evidence.checklist.get(from_id(pb.ChecklistId, item), (PENDING, ""))[0]
 
 
 def _instability(ctx: RunContext) -> list[str]:
     """What says the environment itself cannot be trusted (DESIGN §1, verdict: isolate)."""
     reasons: list[str] = []
-    if len(set(ctx.holders)) > 1:
+    if len(set(ctx.evidence.holders)) > 1:
         seen = "; ".join(
-            f"launch {n}: " + (", ".join(ctx.holder_notes[p] for p in sorted(pids)) or "none")
-            for n, pids in enumerate(ctx.holders, 1)
+            f"launch {n}: " + (", ".join(ctx.evidence.holder_notes[p] for p in sorted(pids)) or "none")
+            for n, pids in enumerate(ctx.evidence.holders, 1)
         )
         reasons.append(f"GPU state changed under us: other processes holding GPU memory came and went ({seen})")
-    drivers = list(dict.fromkeys(ctx.drivers))
+    drivers = list(dict.fromkeys(ctx.evidence.drivers))
     if len(drivers) > 1:
         reasons.append(f"the NVIDIA driver changed during the run ({' → '.join(drivers)}): it cannot be pinned here")
-    images = list(dict.fromkeys(ctx.images))
+    images = list(dict.fromkeys(ctx.evidence.images))
     if len(images) > 1:
         moved = " → ".join(i.removeprefix("sha256:")[:12] for i in images)
         reasons.append(
             f"image {ctx.request.image} moved during the run ({moved}): what failed cannot be rolled back to"
         )
     # (an unknown phase is no phase: it cannot differ from the others)
-    failed = [a for a in ctx.attempts if a.phase and a.phase != UNKNOWN_PHASE and not a.foreign]
+    failed = [a for a in ctx.evidence.attempts if a.failed and a.phase != UNKNOWN_PHASE and not a.foreign]
     phases = list(dict.fromkeys(a.phase for a in failed))
     if len(phases) > 1:
         reasons.append(f"the same command fails at different phases from attempt to attempt: {', '.join(phases)}")
-    image: dict[str, Any] | None = (ctx.fingerprint or {}).get("image")
+    image: dict[str, Any] | None = (ctx.evidence.fingerprint or {}).get("image")
     if image and image.get("id") and not image.get("repo_digests"):
         reasons.append(f"image {image.get('ref')} has no registry digest: it cannot be pinned or rolled back")
     return reasons
@@ -110,42 +111,43 @@ def _instability(ctx: RunContext) -> list[str]:
 async def _first_error(ctx: RunContext) -> None:
     if _state(ctx, "first_error_saved") == HOLDS:
         return
-    failure = next((s for s in ctx.steps if s.failure is not None), None)
+    failure = next((s for s in ctx.evidence.steps if s.failure is not None), None)
     if failure is not None and failure.failure is not None:
         evidence = (
             f"ladder step {failure.step}: {failure.failure.phase} · {failure.failure.category} · {failure.detail}"
         )
         await ctx.check(pb.CHECKLIST_ID_FIRST_ERROR_SAVED, HOLDS, evidence)
-    elif ctx.attempts:
+    elif ctx.evidence.attempts:
         await ctx.check(pb.CHECKLIST_ID_FIRST_ERROR_SAVED, FAILS, "the launch exited without an error line")
-    elif ctx.steps:
+    elif ctx.evidence.steps:
         await ctx.check(pb.CHECKLIST_ID_FIRST_ERROR_SAVED, MOOT, "nothing failed: every stage and ladder step held")
 
 
 async def _prefix_caching(ctx: RunContext) -> None:
-    step = next((s for s in ctx.steps if s.step == "prefix_caching"), None)
+    step = next((s for s in ctx.evidence.steps if s.step == "prefix_caching"), None)
     if step is not None:
         state = MOOT if step.outcome == pb.LADDER_OUTCOME_NOT_APPLICABLE else HOLDS
         await ctx.check(
             pb.CHECKLIST_ID_PREFIX_CACHING_ISOLATED, state, f"{to_id(pb.LadderOutcome, step.outcome)}: {step.detail}"
         )
-    elif ctx.attempts and ctx.stable is None:  # the step was never carried out: nothing was isolated
+    elif ctx.evidence.attempts and ctx.plan.stable is None:  # the step was never carried out: nothing was isolated
         await ctx.check(pb.CHECKLIST_ID_PREFIX_CACHING_ISOLATED, MOOT, ISOLATED_BY_MINIMAL)
 
 
 async def _oom(ctx: RunContext) -> None:
-    failures = [a for a in ctx.attempts if a.phase] + [s.failure for s in ctx.steps if s.failure is not None]
+    attempts, steps = ctx.evidence.attempts, ctx.evidence.steps
+    failures = [a for a in attempts if a.failed] + [s.failure for s in steps if s.failure is not None]
     secondary = next((a for a in failures if a.secondary_oom), None)
-    holders = sorted(frozenset().union(*ctx.holders))
+    holders = sorted(frozenset().union(*ctx.evidence.holders))
     if secondary is not None:
         cause = "memory held by other processes" if secondary.category == "oom" else secondary.category
         await ctx.check(
             pb.CHECKLIST_ID_OOM_NOT_SECONDARY, FAILS, f"the OOM in {secondary.phase} is secondary to {cause}"
         )
     elif holders:
-        names = ", ".join(ctx.holder_notes[p] for p in holders[:5])
+        names = ", ".join(ctx.evidence.holder_notes[p] for p in holders[:5])
         await ctx.check(pb.CHECKLIST_ID_OOM_NOT_SECONDARY, FAILS, f"GPU memory held by other processes: {names}")
-    elif failures or ctx.steps:
+    elif failures or steps:
         if any(a.category == "oom" for a in failures):
             evidence = "the OOM is the first error and no other process held GPU memory"
             await ctx.check(pb.CHECKLIST_ID_OOM_NOT_SECONDARY, HOLDS, evidence)
@@ -154,9 +156,9 @@ async def _oom(ctx: RunContext) -> None:
 
 
 async def _revertible(ctx: RunContext) -> None:
-    if ctx.stable is not None:
-        await ctx.check(pb.CHECKLIST_ID_REVERTIBLE_BASELINE, HOLDS, f"last stable: {shell_line(ctx.stable)}")
-    elif ctx.attempts:
+    if ctx.plan.stable is not None:
+        await ctx.check(pb.CHECKLIST_ID_REVERTIBLE_BASELINE, HOLDS, f"last stable: {shell_line(ctx.plan.stable)}")
+    elif ctx.evidence.attempts:
         await ctx.check(
             pb.CHECKLIST_ID_REVERTIBLE_BASELINE, FAILS, "even the minimal launch fails: no stable configuration yet"
         )
@@ -164,28 +166,28 @@ async def _revertible(ctx: RunContext) -> None:
 
 async def _caches(ctx: RunContext) -> None:
     """caches_not_stale without a control launch (stages/cache_control.py settles it when one ran)."""
-    if pb.CHECKLIST_ID_CACHES_NOT_STALE in ctx.checklist:
+    if pb.CHECKLIST_ID_CACHES_NOT_STALE in ctx.evidence.checklist:
         return
-    if ctx.attempts:
+    if ctx.evidence.attempts:
         await ctx.check(
             pb.CHECKLIST_ID_CACHES_NOT_STALE,
             MOOT,
             "no fresh-cache control: the failure was not in a phase that reads the caches, did not move between "
             "phases and was not met while a cache was read (runner/data/cache_control.toml)",
         )
-    elif ctx.steps:
+    elif ctx.evidence.steps:
         await ctx.check(pb.CHECKLIST_ID_CACHES_NOT_STALE, MOOT, "no fresh-cache control: the minimal launch answered")
 
 
 async def _repeated(ctx: RunContext) -> None:
-    if ctx.attempts and all(a.foreign for a in ctx.attempts):
+    if ctx.evidence.attempts and all(a.foreign for a in ctx.evidence.attempts):
         await ctx.check(
             pb.CHECKLIST_ID_FAILURE_REPEATED,
             PENDING,
             "every attempt started while other processes held GPU memory: not evidence",
         )
         return
-    attempts = [a for a in ctx.attempts if not a.foreign]
+    attempts = [a for a in ctx.evidence.attempts if not a.foreign]
     if not attempts:
         return
     first = attempts[0]

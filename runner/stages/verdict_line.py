@@ -22,11 +22,11 @@ def headline(ctx: RunContext) -> str:
 
 
 def _finding(ctx: RunContext) -> tuple[str, str, list[str]]:
-    run = ctx.run_id
-    if ctx.decision == pb.DECISION_ISOLATE:
-        clear = [f"clear {', '.join(ctx.stale_caches)} (fresh caches started)"] if ctx.stale_caches else []
+    run, caches = ctx.run_id, ctx.evidence.stale_caches
+    if ctx.verdict.decision == pb.DECISION_ISOLATE:
+        clear = [f"clear {', '.join(caches)} (fresh caches started)"] if caches else []
         return (
-            f"the environment is unstable: {ctx.reasons[0]}",
+            f"the environment is unstable: {ctx.verdict.reasons[0]}",
             "",
             [*clear, f"rerun the frozen case on an isolated node (/k3repro rerun {run} isolated)"],
         )
@@ -34,16 +34,16 @@ def _finding(ctx: RunContext) -> tuple[str, str, list[str]]:
         return stale
     if ctx.stopped_at and ctx.stopped_at[0] == "baseline":
         return f"the baseline blocks this scene: {ctx.stopped_at[1]}", "nothing was launched", ["fix the scene first"]
-    trigger = next((s for s in ctx.steps if s.failure is not None), None)
+    trigger = next((s for s in ctx.evidence.steps if s.failure is not None), None)
     if trigger is not None and trigger.failure is not None:
         return _trigger(ctx, trigger, trigger.failure)
-    failed = next((a for a in ctx.attempts if a.phase), None)
+    failed = next((a for a in ctx.evidence.attempts if a.failed), None)
     if failed is not None:
         return _early(ctx, failed)
-    if ctx.steps:
+    if ctx.evidence.steps:
         return (
             "the failure did not reproduce: every ladder step held, the deployment as written included",
-            f"{ctx.launches} launches",
+            f"{ctx.session.launches} launches",
             [
                 "start again with the failing deployment's own log (k3repro start CLUSTER --log FILE) so the run compares its failure",
                 f"compare this host with the failing one (k3repro diff {run} OTHER-RUN)",
@@ -51,7 +51,7 @@ def _finding(ctx: RunContext) -> tuple[str, str, list[str]]:
         )
     if ctx.stopped_at:
         return f"the run stopped in {ctx.stopped_at[0]}: {ctx.stopped_at[1]}", "", []
-    return ctx.reasons[0] if ctx.reasons else "no evidence", "", []
+    return ctx.verdict.reasons[0] if ctx.verdict.reasons else "no evidence", "", []
 
 
 def _stale_cache(ctx: RunContext) -> tuple[str, str, list[str]] | None:
@@ -59,9 +59,9 @@ def _stale_cache(ctx: RunContext) -> tuple[str, str, list[str]] | None:
     state, evidence = _control(ctx)
     if state != pb.CHECKLIST_STATE_FAILS:
         return None
-    failed = next((a for a in ctx.attempts if a.phase), None)
+    failed = next((a for a in ctx.evidence.attempts if a.failed), None)
     seen = f"{_repeats(ctx)} failed, first in {failed.phase} [{failed.category}]: {short(failed)}" if failed else ""
-    where = ", ".join(ctx.stale_caches) or "the engine's caches"
+    where = ", ".join(ctx.evidence.stale_caches) or "the engine's caches"
     return (
         evidence,
         seen,
@@ -71,7 +71,7 @@ def _stale_cache(ctx: RunContext) -> tuple[str, str, list[str]] | None:
 
 def _control(ctx: RunContext) -> tuple[pb.ChecklistState, str]:
     """The fresh-cache control's checklist item (caches_not_stale): its state and evidence."""
-    return ctx.checklist.get(pb.CHECKLIST_ID_CACHES_NOT_STALE, (pb.CHECKLIST_STATE_PENDING, ""))
+    return ctx.evidence.checklist.get(pb.CHECKLIST_ID_CACHES_NOT_STALE, (pb.CHECKLIST_STATE_PENDING, ""))
 
 
 def _trigger(ctx: RunContext, step: StepOutcome, failure: Attempt) -> tuple[str, str, list[str]]:
@@ -88,16 +88,16 @@ def _trigger(ctx: RunContext, step: StepOutcome, failure: Attempt) -> tuple[str,
 
 
 def _early(ctx: RunContext, failed: Attempt) -> tuple[str, str, list[str]]:
-    where = "the minimal launch" if ctx.stable is None else "the fixed request"
+    where = "the minimal launch" if ctx.plan.stable is None else "the fixed request"
     cause = f"{where} fails in {failed.phase} [{failed.category}]: {short(failed)}{_waits(failed)}"
     actions: list[str] = []
-    if ctx.diagnosis:
-        cause += f"; {ctx.diagnosis}"
-        if "answers" in ctx.diagnosis:
+    if ctx.evidence.diagnosis:
+        cause += f"; {ctx.evidence.diagnosis}"
+        if "answers" in ctx.evidence.diagnosis:
             actions.append("serve with --enforce-eager, or give CUDA graphs more memory (--gpu-memory-utilization)")
-    if failed.secondary_oom or any(ctx.holders):
-        holders = sorted(frozenset().union(*ctx.holders))
-        named = ", ".join(ctx.holder_notes[p] for p in holders[:3])
+    if failed.secondary_oom or any(ctx.evidence.holders):
+        holders = sorted(frozenset().union(*ctx.evidence.holders))
+        named = ", ".join(ctx.evidence.holder_notes[p] for p in holders[:3])
         cause += "; the OOM is secondary" if failed.secondary_oom else ""
         actions.append(f"free the GPUs first ({named})" if named else "find what else holds GPU memory")
     if _control(ctx)[0] == pb.CHECKLIST_STATE_HOLDS:
@@ -113,7 +113,7 @@ def _waits(failure: Attempt) -> str:
 
 
 def _repeats(ctx: RunContext) -> str:
-    attempts = [a for a in ctx.attempts if not a.foreign]
+    attempts = [a for a in ctx.evidence.attempts if not a.foreign]
     if not attempts:
         return "attempted once"
     same = sum(1 for a in attempts if a.same_as(attempts[0]))
@@ -122,7 +122,8 @@ def _repeats(ctx: RunContext) -> str:
 
 def _to_fix(ctx: RunContext) -> list[str]:
     """What `fix` still needs, once a failure was found: the items without evidence, by name."""
-    if ctx.decision != pb.DECISION_CONTINUE or not (ctx.attempts or any(s.failure for s in ctx.steps)):
+    found = ctx.evidence
+    if ctx.verdict.decision != pb.DECISION_CONTINUE or not (found.attempts or any(s.failure for s in found.steps)):
         return []
     missing = ctx.unsettled()
     return [f"to reach fix, settle {', '.join(missing)}"] if missing else []
