@@ -10,8 +10,11 @@ from typing import Any
 
 import pytest
 
+from bot.slack import metrics as slack_metrics
 from kernel.toml_reader import ConfigError, TomlReader, packaged
 from runner.stages import cache_control, ladder, minimize, proxies
+from vllm_sim import catalog, simulator, startup
+from vllm_sim import metrics as sim_metrics
 
 
 def shipped(name: str) -> dict[str, Any]:
@@ -80,3 +83,76 @@ def test_a_misspelt_key_in_a_row_is_named_with_the_key_it_meant(monkeypatch: pyt
     assert re.fullmatch(
         r"runner/data/cache_control.toml \[\[during\]\] #1: unknown key 'cachess' \(did you mean 'caches'\?\)", problem
     )
+
+
+def packaged_data(name: str, home: str) -> dict[str, Any]:
+    return tomllib.loads(resources.files(home).joinpath(name).read_text(encoding="utf-8"))
+
+
+def sim_refusal(monkeypatch: pytest.MonkeyPatch, module: Any, loader: Any, name: str, data: dict[str, Any]) -> str:
+    """What a simulator loader (a cached function of `module`, over vllm_sim.datafiles.reader) says of `data`."""
+    monkeypatch.setattr(module, "reader", lambda asked: TomlReader(data, f"vllm_sim/data/{asked}"))
+    loader.cache_clear()
+    try:
+        with pytest.raises(ConfigError) as raised:
+            loader()
+    finally:
+        loader.cache_clear()
+    return str(raised.value)
+
+
+def test_a_bot_metric_row_without_its_help_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = copy.deepcopy(packaged_data("metrics.toml", "bot.data"))
+    second = data["metric"][1]
+    del second["help"]
+    monkeypatch.setattr(slack_metrics, "packaged", lambda asked, home: TomlReader(data, f"bot/data/{asked}"))
+    with pytest.raises(ConfigError) as raised:
+        slack_metrics.Metrics()
+    assert str(raised.value) == f"bot/data/metrics.toml [[metric]] #2 ({second['name']}): missing key 'help'"
+
+
+def test_a_bot_metric_of_an_unknown_type_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = copy.deepcopy(packaged_data("metrics.toml", "bot.data"))
+    data["metric"][0]["type"] = "histogram"
+    monkeypatch.setattr(slack_metrics, "packaged", lambda asked, home: TomlReader(data, f"bot/data/{asked}"))
+    with pytest.raises(ConfigError, match=r"^bot/data/metrics.toml \[\[metric\]\] #1 \(\w+\): 'type' must be"):
+        slack_metrics.Metrics()
+
+
+def test_a_sim_metric_row_with_a_misspelt_key_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = copy.deepcopy(packaged_data("metrics.toml", "vllm_sim.data"))
+    first = data["metric"][0]
+    first["valeu"] = first.pop("value")
+    problem = sim_refusal(monkeypatch, sim_metrics, sim_metrics.metric_specs, "metrics.toml", data)
+    assert problem == (
+        f"vllm_sim/data/metrics.toml [[metric]] #1 ({first['name']}): unknown key 'valeu' (did you mean 'value'?)"
+    )
+
+
+def test_a_sim_startup_line_without_its_phase_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = copy.deepcopy(packaged_data("log.toml", "vllm_sim.data"))
+    second = data["startup"][1]
+    del second["phase"]
+    problem = sim_refusal(monkeypatch, startup, startup.script, "log.toml", data)
+    assert problem == f"vllm_sim/data/log.toml [[startup]] #2 ({second['id']}): missing key 'phase'"
+
+
+def test_a_sim_shutdown_line_on_an_unknown_process_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = copy.deepcopy(packaged_data("log.toml", "vllm_sim.data"))
+    data["shutdown"][2]["proc"] = "scheduler"
+    monkeypatch.setattr(simulator, "reader", lambda asked: TomlReader(data, f"vllm_sim/data/{asked}"))
+    simulator.untimed.cache_clear()
+    try:
+        with pytest.raises(ConfigError) as raised:
+            simulator.untimed("shutdown")
+    finally:
+        simulator.untimed.cache_clear()
+    assert str(raised.value).startswith("vllm_sim/data/log.toml [[shutdown]] #3: 'proc' must be one of api, ")
+
+
+def test_a_sim_catalog_error_with_a_wrong_type_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = copy.deepcopy(packaged_data("errors.toml", "vllm_sim.data"))
+    key = next(iter(data["error"]))
+    data["error"][key]["only"] = "moe"
+    problem = sim_refusal(monkeypatch, catalog, catalog.catalog, "errors.toml", data)
+    assert problem == f"vllm_sim/data/errors.toml [error] [{key}]: 'only' must be a list of strings, got 'moe'"

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, cast
 
-from vllm_sim.datafiles import load
+from kernel.toml_reader import ConfigError, TomlReader
+from vllm_sim.datafiles import reader
 from vllm_sim.logwriter import Role
 from vllm_sim.scenario import PHASES
 
@@ -65,53 +66,69 @@ def _lines(text: str) -> tuple[str, ...]:
     return tuple(line for line in text.split("\n") if line)
 
 
-class Catalog:
-    def __init__(self, data: Mapping[str, Any]) -> None:
-        self._fragments: dict[str, str] = dict(data["fragment"])
-        self._origins: dict[str, dict[str, Any]] = dict(data["origin"])
-        self._wrappers: dict[str, dict[str, Any]] = dict(data["wrapper"])
-        self._response_error: dict[str, str] = dict(data["response_error"])
-        self.errors = {
-            key: ErrorSpec(
-                key=key,
-                phase=raw["phase"],
-                raised_in=raw["raised_in"],
-                at=raw.get("at", ""),
-                only=frozenset(raw.get("only", ())),
-                logged=raw.get("logged", ""),
-                logged_file=raw.get("logged_file", ""),
-                frames=_lines(raw["frames"]),
-                exception=raw["exception"],
-            )
-            for key, raw in data["error"].items()
-        }
-        self.http = {
-            key: HttpError(
-                raw["status"],
-                raw["type"],
-                raw.get("param"),
-                raw["message"],
-                raw.get("log", ""),
-                raw.get("log_level", "INFO"),
-                raw.get("log_file", ""),
-                frozenset(raw.get("log_routes", ())),
-            )
-            for key, raw in data["http"].items()
-        }
-        self._check()
+_ERROR_KEYS = ("phase", "raised_in", "at", "only", "logged", "logged_file", "frames", "exception")
+_HTTP_KEYS = ("status", "type", "param", "message", "log", "log_level", "log_file", "log_routes")
 
-    def _check(self) -> None:
+
+def _entries(data: TomlReader, table: str, known: tuple[str, ...]) -> list[tuple[str, TomlReader]]:
+    """The entries of a keyed table (`[error.KEY]`), each a reader named `FILE [table] [KEY]` that refuses keys
+    it does not know."""
+    entries = data.section(table)
+    return [(key, entries.section(key).only(known)) for key in entries.data]
+
+
+def _error(key: str, raw: TomlReader) -> ErrorSpec:
+    return ErrorSpec(
+        key=key,
+        phase=raw.text("phase"),
+        raised_in=raw.text("raised_in"),
+        at=raw.text("at", ""),
+        only=frozenset(raw.texts("only")),
+        logged=raw.text("logged", ""),
+        logged_file=raw.text("logged_file", ""),
+        frames=_lines(raw.text("frames")),
+        exception=raw.text("exception"),
+    )
+
+
+def _http(raw: TomlReader) -> HttpError:
+    return HttpError(
+        raw.whole("status"),
+        raw.text("type"),
+        raw.text("param") if "param" in raw.data else None,
+        raw.text("message"),
+        raw.text("log", ""),
+        raw.text("log_level", "INFO"),
+        raw.text("log_file", ""),
+        frozenset(raw.texts("log_routes")),
+    )
+
+
+class Catalog:
+    def __init__(self, data: TomlReader) -> None:
+        self._fragments: dict[str, str] = dict(data.table("fragment"))
+        self._origins: dict[str, dict[str, Any]] = dict(data.table("origin"))
+        self._wrappers: dict[str, dict[str, Any]] = dict(data.table("wrapper"))
+        self._response_error: dict[str, str] = dict(data.table("response_error"))
+        self.errors = {key: _error(key, raw) for key, raw in _entries(data, "error", _ERROR_KEYS)}
+        self.http = {key: _http(raw) for key, raw in _entries(data, "http", _HTTP_KEYS)}
+        self._check(data.origin)
+
+    def _check(self, origin: str) -> None:
         """Catalog mistakes are programming errors: fail when it is loaded, not halfway through a failure."""
         for spec in self.errors.values():
+            where_error = f"{origin} [error] [{spec.key}]"
             if spec.phase not in PHASES:
-                raise ValueError(f"errors.toml: {spec.key}: unknown phase {spec.phase!r}")
-            wheres = {"worker": ("worker", "uni"), "engine": ("engine",), "api": ("api",)}[spec.raised_in]
+                raise ConfigError(f"{where_error}: unknown phase {spec.phase!r}")
+            wheres = {"worker": ("worker", "uni"), "engine": ("engine",), "api": ("api",)}.get(spec.raised_in)
+            if wheres is None:
+                raise ConfigError(f"{where_error}: 'raised_in' must be worker, engine or api, got {spec.raised_in!r}")
             for where in (f"{where}.{spec.phase}" for where in wheres):
                 if where not in self._origins:
-                    raise ValueError(f"errors.toml: {spec.key}: no [origin.{where!r}]")
+                    raise ConfigError(f"{where_error}: no [origin.{where!r}]")
                 for name in self._origins[where]["then"]:
                     if name not in self._wrappers:
-                        raise ValueError(f"errors.toml: origin {where}: unknown wrapper {name!r}")
+                        raise ConfigError(f"{origin} [origin.{where}]: unknown wrapper {name!r}")
 
     def phases(self) -> dict[str, str]:
         return {key: spec.phase for key, spec in self.errors.items()}
@@ -219,4 +236,4 @@ class Catalog:
 
 @cache
 def catalog() -> Catalog:
-    return Catalog(load("errors.toml"))
+    return Catalog(reader("errors.toml"))

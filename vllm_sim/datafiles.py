@@ -1,15 +1,20 @@
-"""The simulator's TOML data under vllm_sim/data, read once per process."""
+"""The simulator's TOML data under vllm_sim/data, read once per process through the kernel's typed reader (a
+bad row is named by file, row and key, like every other data file's)."""
 
 from __future__ import annotations
 
-import tomllib
 from functools import cache
-from importlib import resources
 from typing import Any
+
+from kernel.toml_reader import TomlReader, packaged
 
 
 @cache
+def reader(name: str) -> TomlReader:
+    """A data file by name, e.g. "errors.toml", as a typed reader (origin `vllm_sim/data/NAME`)."""
+    return packaged(name, "vllm_sim.data")
+
+
 def load(name: str) -> dict[str, Any]:
-    """A data file by name, e.g. "errors.toml"."""
-    text = resources.files("vllm_sim").joinpath("data", name).read_text(encoding="utf-8")
-    return tomllib.loads(text)
+    """A data file's raw tables, for free-form text tables (log lines, templates) read by key."""
+    return reader(name).data

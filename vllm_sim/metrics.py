@@ -6,16 +6,44 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from vllm_sim.datafiles import load
+from vllm_sim.datafiles import load, reader
 from vllm_sim.engine import Engine
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One [[metric]] row of vllm_sim/data/metrics.toml."""
+
+    name: str
+    type: str  # counter | gauge
+    help: str
+    value: str  # the engine statistic it reports
+    by: str = ""  # the label of a statistic kept per value (a map)
+    values: tuple[str, ...] = ()  # that label's values, each a sample even at zero
+
+
+@cache
+def metric_specs() -> tuple[MetricSpec, ...]:
+    """The metric rows, read by the typed reader: a bad row is named by file, row and key at the first scrape."""
+    specs = []
+    for row in reader("metrics.toml").rows("metric"):
+        row.only(("name", "type", "help", "value", "by", "values"))
+        kind = row.text("type")
+        if kind not in ("counter", "gauge"):
+            raise row.fail(f"'type' must be counter or gauge, got {kind!r}")
+        name, help_text, value = row.text("name"), row.text("help"), row.text("value")
+        specs.append(MetricSpec(name, kind, help_text, value, row.text("by", ""), tuple(row.texts("values"))))
+    return tuple(specs)
 
 
 class Metrics(Collector):
@@ -33,7 +61,6 @@ class Metrics(Collector):
         return generate_latest(self._registry).decode()
 
     def collect(self) -> Iterator[Metric]:
-        data = load("metrics.toml")
         engine = self._engine
         stats: dict[str, float | Counter[str]] = {
             "running": engine.running,
@@ -46,16 +73,16 @@ class Metrics(Collector):
             "generation_tokens": engine.generation_tokens,
             "request_success": engine.request_success,
         }
-        for spec in data["metric"]:
-            value = stats[spec["value"]]
-            by = [spec["by"]] if isinstance(value, Counter) else []
+        for spec in metric_specs():
+            value = stats[spec.value]
+            by = [spec.by] if isinstance(value, Counter) else []
             family: CounterMetricFamily | GaugeMetricFamily
-            if spec["type"] == "counter":
-                family = CounterMetricFamily(spec["name"], spec["help"], labels=[*self._base, *by])
+            if spec.type == "counter":
+                family = CounterMetricFamily(spec.name, spec.help, labels=[*self._base, *by])
             else:
-                family = GaugeMetricFamily(spec["name"], spec["help"], labels=[*self._base, *by])
+                family = GaugeMetricFamily(spec.name, spec.help, labels=[*self._base, *by])
             # a map gets one sample per value of the `by` label, zeros included
-            series = [[label] for label in spec["values"]] if isinstance(value, Counter) else [[]]
+            series = [[label] for label in spec.values] if isinstance(value, Counter) else [[]]
             for extra in series:
                 number = float(value[extra[0]]) if isinstance(value, Counter) else float(value)
                 if isinstance(family, CounterMetricFamily):
@@ -63,7 +90,7 @@ class Metrics(Collector):
                 else:
                     family.add_metric([*self._base.values(), *extra], number)
             yield family
-        info = data["cache_config_info"]
+        info = load("metrics.toml")["cache_config_info"]
         labels = {key: template.format(**self._values) for key, template in info["labels"].items()}
         cache = GaugeMetricFamily(info["name"], info["help"], labels=list(labels))
         cache.add_metric(list(labels.values()), 1.0)

@@ -12,17 +12,55 @@ import signal
 import socket
 import sys
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from functools import cache
+from typing import cast, get_args
 
+from kernel.toml_reader import TomlReader
 from vllm_sim.catalog import catalog
 from vllm_sim.clock import SimClock
-from vllm_sim.datafiles import load
+from vllm_sim.datafiles import reader
 from vllm_sim.engine import Engine
 from vllm_sim.failure import hang, write_failure
-from vllm_sim.logwriter import LogWriter, Procs
+from vllm_sim.logwriter import LogWriter, Procs, Role
 from vllm_sim.server import ApiServer
 from vllm_sim.sizing import Facts
 from vllm_sim.startup import Startup
+
+
+@dataclass(frozen=True)
+class UntimedLine:
+    """A log.toml line written at a moment rather than on the start-up clock ([[shutdown]], [[engine_death_exit]])."""
+
+    proc: Role
+    text: str
+    file: str = ""
+    kind: str = "log"  # log | uvicorn
+    level: str = "INFO"
+    only: frozenset[str] = frozenset()
+
+
+@cache
+def untimed(table: str) -> tuple[UntimedLine, ...]:
+    """One table of untimed lines, each row read by the typed reader (named by file, row and key when bad)."""
+    return tuple(_untimed_line(row.only(_UNTIMED_KEYS)) for row in reader("log.toml").rows(table))
+
+
+_UNTIMED_KEYS = ("proc", "text", "file", "kind", "level", "only")
+
+
+def _untimed_line(row: TomlReader) -> UntimedLine:
+    proc = row.text("proc")
+    if proc not in get_args(Role):
+        raise row.fail(f"'proc' must be one of {', '.join(get_args(Role))}, got {proc!r}")
+    return UntimedLine(
+        proc=cast(Role, proc),
+        text=row.text("text"),
+        file=row.text("file", ""),
+        kind=row.text("kind", "log"),
+        level=row.text("level", "INFO"),
+        only=frozenset(row.texts("only")),
+    )
 
 
 async def simulate(facts: Facts, speed: float) -> int:
@@ -56,7 +94,7 @@ class Simulator:
             life.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await life
-            self._write(load("log.toml")["shutdown"])
+            self._write(untimed("shutdown"))
             code = 0
         if self._listening:
             await self._server.stop()
@@ -83,7 +121,7 @@ class Simulator:
         finally:
             if stats is not None:
                 stats.cancel()
-        self._write(load("log.toml")["engine_death_exit"])
+        self._write(untimed("engine_death_exit"))
         return 1
 
     def _bind(self) -> None:
@@ -103,16 +141,16 @@ class Simulator:
         await self._server.start(self._sock)
         self._listening = True
 
-    def _write(self, lines: Sequence[dict[str, Any]]) -> None:
+    def _write(self, lines: Sequence[UntimedLine]) -> None:
         """Writes untimed log.toml lines (shutdown, exit) whose conditions hold now."""
         conditions = self._facts.conditions() | ({"listening"} if self._listening else set())
         values = {**self._facts.values(), "engine_pid": self._procs.engine.pid}
         for line in lines:
-            if not set(line.get("only", ())) <= conditions:
+            if not line.only <= conditions:
                 continue
-            proc = self._procs.of(line["proc"])
-            text = line["text"].format(**values)
-            if line.get("kind") == "uvicorn":
+            proc = self._procs.of(line.proc)
+            text = line.text.format(**values)
+            if line.kind == "uvicorn":
                 self._log.uvicorn(text)
             else:
-                self._log.log(proc, line.get("level", "INFO"), line["file"], text)
+                self._log.log(proc, line.level, line.file, text)

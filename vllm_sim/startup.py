@@ -10,14 +10,15 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from typing import Any
 
+from kernel.toml_reader import TomlReader
 from vllm_sim import bars
 from vllm_sim.catalog import Catalog, ErrorSpec
 from vllm_sim.clock import SimClock
-from vllm_sim.datafiles import load
+from vllm_sim.datafiles import load, reader
 from vllm_sim.jit_cache import compile_into, stale_error
 from vllm_sim.logwriter import LogWriter, Proc, Procs, Role
 from vllm_sim.scenario import STARTUP_PHASES
@@ -42,7 +43,28 @@ class ScriptLine:
 
 @cache
 def script() -> tuple[ScriptLine, ...]:
-    return tuple(ScriptLine(**{**raw, "only": frozenset(raw.get("only", ()))}) for raw in load("log.toml")["startup"])
+    """log.toml's start-up lines, each row read by the typed reader (a bad one is named by file, row and key)."""
+    return tuple(_script_line(row.only(_SCRIPT_KEYS)) for row in reader("log.toml").rows("startup"))
+
+
+_SCRIPT_KEYS = tuple(field.name for field in fields(ScriptLine))
+
+
+def _script_line(row: TomlReader) -> ScriptLine:
+    return ScriptLine(
+        id=row.text("id"),
+        phase=row.text("phase"),
+        at=row.number("at"),
+        proc=row.text("proc"),
+        kind=row.text("kind", "log"),
+        level=row.text("level", "INFO"),
+        file=row.text("file", ""),
+        text=row.text("text", ""),
+        only=frozenset(row.texts("only")),
+        until=row.number("until", 0.0),
+        style=row.text("style", ""),
+        total=row.text("total", ""),
+    )
 
 
 @dataclass(frozen=True)

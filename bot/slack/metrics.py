@@ -1,13 +1,14 @@
 """The bot's counters and gauges through prometheus_client, so the exposition (escaping included) is the
-library's, not ours. Families are declared in bot/data/metrics.toml; each Metrics has its own registry."""
+library's, not ours. Families are declared in bot/data/metrics.toml, read by the kernel's typed reader (a bad
+row is named by file, row and key); each Metrics has its own registry."""
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Callable
-from importlib import resources
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from kernel.toml_reader import packaged
 
 
 class Metrics:
@@ -15,13 +16,20 @@ class Metrics:
         self.registry = CollectorRegistry()
         self._counters: dict[str, Counter] = {}
         self._gauges: dict[str, Gauge] = {}
-        text = resources.files("bot.data").joinpath("metrics.toml").read_text(encoding="utf-8")
-        for spec in tomllib.loads(text)["metric"]:
-            name, labels = spec["name"], spec.get("labels", [])
-            if spec["type"] == "counter":
-                self._counters[name] = Counter(name, spec["help"], labels, registry=self.registry)
+        for spec in packaged("metrics.toml", "bot.data").rows("metric"):
+            spec.only(("name", "type", "help", "labels"))
+            name, kind, help_text, labels = (
+                spec.text("name"),
+                spec.text("type"),
+                spec.text("help"),
+                spec.texts("labels"),
+            )
+            if kind == "counter":
+                self._counters[name] = Counter(name, help_text, labels, registry=self.registry)
+            elif kind == "gauge":
+                self._gauges[name] = Gauge(name, help_text, labels, registry=self.registry)
             else:
-                self._gauges[name] = Gauge(name, spec["help"], labels, registry=self.registry)
+                raise spec.fail(f"'type' must be counter or gauge, got {kind!r}")
 
     def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
         counter = self._counters[name]
