@@ -32,7 +32,7 @@ BATCHES = {
     ("e70.log", "e89.log"): {"phase": 20, "category": 20, "first_error_line": 20},
     ("f01.log", "f20.log"): {"phase": 20, "category": 20, "first_error_line": 18},
     ("g01.log", "g20.log"): {"phase": 20, "category": 19, "first_error_line": 20},
-    ("h01.log", "h23.log"): {"phase": 21, "category": 22, "first_error_line": 23},
+    ("h01.log", "h23.log"): {"phase": 22, "category": 23, "first_error_line": 23},
 }
 
 

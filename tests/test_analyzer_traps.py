@@ -512,3 +512,20 @@ def test_a_traceback_re_logged_at_info_is_read_as_the_traceback() -> None:
     # the vLLM banner's indented art at INFO stays an INFO line
     banner = LineParser(default_rules().line).parse("INFO 07-01 09:38:56 [api_utils.py:339]        █     █     █▄   ▄█")
     assert banner.level == "INFO"
+
+
+def test_a_cut_traceback_is_placed_by_the_process_traceback_right_after_it() -> None:
+    # The engine core's logged traceback is cut inside a worker thread's frames; the process then prints its own
+    # traceback of the same exception, whose frames show the busy loop: it was serving.
+    thread = '  File "/usr/lib/python3.12/concurrent/futures/thread.py", line 59, in run'
+    lines = [
+        f"{CORE_ERR}{thread}",
+        f"{CORE_ERR}    result = self.fn(*self.args, **self.kwargs)",
+        f'{CORE}  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 728, in run_busy_loop',
+        f"{CORE}    scheduler_output = self.scheduler.schedule()",
+    ]
+    error = analyze_text("\n".join(lines)).first_error
+    assert error is not None and error.line == lines[0]
+    assert (error.phase, error.phase_from, error.category) == ("request", "frames_after", "request_error")
+    alone = analyze_text("\n".join(lines[:2])).first_error
+    assert alone is not None and alone.phase == "unknown"

@@ -31,9 +31,10 @@ class ErrorFinding:
     why: tuple[str, ...] = ()  # what chose this line, phase and category (`k3repro analyze --explain`)
     # What placed the phase: "marker" (the log's phase lines), "frames", "module" (the logger's call site),
     # "method" (a worker RPC its line names), "request_id", "collective_seq", "rule" (only one phase is possible),
-    # "wrapper_after"/"marker_after" (a line right after it says where the run was), "rule_in_startup" (where the
-    # rule's error happens, the engine starting), "rule_usual" (a compile-class rule's phase), "default"
-    # (rules.toml's disclosed guess), "unknown" (phase "unknown": nothing places it; the analyzer does not guess).
+    # "wrapper_after"/"marker_after"/"frames_after" (a line or a traceback's frame right after it says where the run
+    # was), "rule_in_startup" (where the rule's error happens, the engine starting), "rule_usual" (a compile-class
+    # rule's phase), "default" (rules.toml's disclosed guess), "unknown" (phase "unknown": nothing places it; the
+    # analyzer does not guess).
     phase_from: str = ""
     # False when the log does not show the exception itself (a traceback cut before its exception line): the
     # line is the traceback's header or last frame, and the category comes from what the frames show.

@@ -32,7 +32,7 @@ class PhaseTracker:
         self.ready = False
         self.seen: list[str] = []
         self.contexts: dict[str, Context] = {}
-        # Lines after which an earlier error nothing else places is placed: wrappers and markers.
+        # Lines after which an earlier error nothing else places is placed: wrappers, markers, placing frames.
         self.late: deque[Late] = deque(maxlen=_MAX_LATE)
         self.searching = True  # no first error yet (a stop notice then ends the search)
         self.stopped_at = 0  # line of the stop notice that ended a serving run (0: none)
@@ -63,6 +63,12 @@ class PhaseTracker:
     def edges(self) -> tuple[re.Pattern[str], ...]:
         """The contexts' next edges: the end of an open one, the start of the others."""
         return tuple(c.end if c.name in self.contexts else c.start for c in self._rules.contexts)
+
+    def framed(self, phase: str) -> None:
+        """A traceback's frame placed its error in `phase`: for an earlier error nothing placed (an excerpt's cut
+        logged traceback, then the process's own print of it), where the run was, as a wrapper would say."""
+        if self.searching:
+            self.late.append(Late(self._cursor.n, phase, "frames"))
 
     def late_window(self, line_no: int) -> list[Late]:
         """The evidence lines within `max_wait_lines` after the line."""
@@ -237,7 +243,7 @@ class Placer:
         """Nothing before the error places it: a line right after it, else where its rule's error happens."""
         late = self._phases.late_after(cand.line_no)
         if late is not None and late.phase is not None:
-            kind = "marker" if late.what == "marker" else "wrapper"
+            kind = late.what if late.what in ("marker", "frames") else "wrapper"
             return (
                 late.phase,
                 f"the {kind} right after it (line {late.line_no}, {late.what}) says where the run was",

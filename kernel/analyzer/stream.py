@@ -45,7 +45,7 @@ class StreamAnalyzer:
         placer = Placer(rules, phases)
         classifier = Classifier(rules, placer, phases)
         self._arbiter = arbiter = Arbiter(rules, cursor, phases, placer, classifier)
-        frames = Frames(rules, arbiter)
+        frames = Frames(rules, arbiter, phases)
         intake = ErrorLines(rules, cursor, phases, placer, classifier, arbiter, frames)
         self._tracker = TracebackTracker(rules, cursor, phases, arbiter, frames, intake)
         self._closed = False

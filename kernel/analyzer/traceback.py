@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from kernel.analyzer.candidates import Candidate, Cursor
 from kernel.analyzer.findings import ErrorFinding, PhaseFinding
 from kernel.analyzer.lines import LogLine
 from kernel.analyzer.phases import PhaseTracker
-from kernel.analyzer.rules import Context, Rules
+from kernel.analyzer.rules import Context, FrameHint, Rules
 
 if TYPE_CHECKING:  # (the arbiter settles what a stream holds, so it imports this module)
     from kernel.analyzer.arbiter import Arbiter, ErrorLines
@@ -73,23 +73,32 @@ class Stream:
         self.clear_frames()
 
 
+_KEPT_FRAMES = 4096  # frame lines whose verdicts are kept, each kind
+_T = TypeVar("_T")
+
+
 class Frames:
     """What a traceback's lines say: the outermost frame that places the error, the first context frame,
     whether the engine was starting."""
 
-    def __init__(self, rules: Rules, arbiter: Arbiter) -> None:
+    def __init__(self, rules: Rules, arbiter: Arbiter, phases: PhaseTracker) -> None:
         self._rules = rules
         self._arbiter = arbiter
+        self._phases = phases
         self._contexts = tuple(c for c in rules.contexts if c.frames is not None)
+        # What frame lines said (see _said)
+        self._hints: dict[str, FrameHint | None] = {}
+        self._contexts_of: dict[str, Context | None] = {}
+        self._startups: dict[str, bool] = {}
 
     def read(self, st: Stream, msg: str) -> None:
         rules = self._rules
-        if st.frame_phase is None and rules.frame_gate.search(msg):
-            hint = next(h for h in rules.frame_hints if h.pattern.search(msg))
+        if st.frame_phase is None and (hint := self._hint(msg)) is not None:
             st.frame_phase, st.frame_line = hint.phase, msg.strip()
-        if st.frame_context is None and self._contexts and rules.context_frame_gate.search(msg):
-            st.frame_context = next(c for c in self._contexts if c.frames and c.frames.search(msg))
-        if not st.startup and rules.startup_frames is not None and rules.startup_frames.search(msg):
+            self._phases.framed(hint.phase)
+        if st.frame_context is None and self._contexts and (context := self._context(msg)) is not None:
+            st.frame_context = context
+        if not st.startup and rules.startup_frames is not None and self._startup(msg):
             st.startup = True
             if st.unplaced is not None:
                 st.unplaced.startup = True  # a chained traceback of the engine starting encloses it
@@ -99,6 +108,44 @@ class Frames:
             cand.frame_phase, cand.frame_line = st.frame_phase, f"{st.frame_line} (chained traceback)"
             cand.frame_context = cand.frame_context or st.frame_context
             self._arbiter.place(st)
+
+    def _hint(self, msg: str) -> FrameHint | None:
+        """The frame hint that places a frame line, if any (kept per line, see _said)."""
+        rules = self._rules
+
+        def hint() -> FrameHint | None:
+            if not rules.frame_gate.search(msg):
+                return None
+            return next(h for h in rules.frame_hints if h.pattern.search(msg))
+
+        return self._said(self._hints, msg, hint)
+
+    def _context(self, msg: str) -> Context | None:
+        """The context a frame line shows, if any (kept per line)."""
+        rules = self._rules
+
+        def context() -> Context | None:
+            if not rules.context_frame_gate.search(msg):
+                return None
+            return next(c for c in self._contexts if c.frames and c.frames.search(msg))
+
+        return self._said(self._contexts_of, msg, context)
+
+    def _startup(self, msg: str) -> bool:
+        """Whether a frame line shows the engine starting (kept per line)."""
+        startup = self._rules.startup_frames
+        return startup is not None and self._said(self._startups, msg, lambda: startup.search(msg) is not None)
+
+    @staticmethod
+    def _said(kept: dict[str, _T], msg: str, read: Callable[[], _T]) -> _T:
+        """What a frame line says, kept: a log repeats its tracebacks (a failing request's, every time it
+        fails), and the gates (alternations of many patterns) take tens of microseconds a line."""
+        if msg in kept:
+            return kept[msg]
+        if len(kept) >= _KEPT_FRAMES:
+            kept.clear()
+        said = kept[msg] = read()
+        return said
 
 
 class TracebackTracker:
