@@ -1,7 +1,9 @@
-"""The verdict's decision from the evidence a run gathered (isolate / continue / fix)."""
+"""The verdict's decision from the evidence a run gathered (isolate / continue / fix), and who writes that
+evidence: each part of a run's state has its owners (runner/stages/context.py)."""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +102,73 @@ async def test_a_flaky_failure_is_not_repeated(tmp_path: Path) -> None:
     assert state == pb.CHECKLIST_STATE_FAILS
     assert evidence == "1 of 2 attempts failed the same way (#1: request; #2: no failure)"
     assert ctx.verdict.decision == pb.DECISION_CONTINUE  # one failed attempt and one clean one: not two phases
+
+
+def test_an_attempt_that_did_not_fail_is_neither_a_failure_nor_an_unplaced_outcome() -> None:
+    assert NOT_FAILED.held and not NOT_FAILED.failed
+    on_proxy = Attempt.did_not_fail(("load_format_dummy",))
+    assert on_proxy.held and on_proxy.proxy == ("load_format_dummy",)
+    refused = Attempt("", "probe_error", "HTTP 400")  # nothing tested: no failure, and not a clean answer either
+    assert not refused.failed and not refused.held
+    assert Attempt("engine_init", "oom", "s").failed and not Attempt("engine_init", "oom", "s").held
+
+
+RUNNER = Path(__file__).resolve().parents[1] / "runner"
+PARTS = ("evidence", "session", "plan", "verdict")
+CHANGES = ("append", "extend", "insert", "pop", "clear", "update", "remove", "setdefault")  # in-place writes
+# Who writes each field of the run's parts, as the parts' docstrings say: the engine session only the launcher, the
+# verdict only its stage, the proxy plan only proxies.py; evidence is appended by the stage that finds it.
+WRITERS = {
+    "evidence.checklist": {"stages/context.py"},
+    "evidence.fingerprint": {"stages/freeze.py"},
+    "evidence.drivers": {"stages/freeze.py", "stages/launcher.py"},
+    "evidence.images": {"stages/freeze.py", "stages/launcher.py"},
+    "evidence.holders": {"stages/launcher.py"},
+    "evidence.holder_notes": {"stages/launcher.py"},
+    "evidence.attempts": {"stages/minimal_launch.py", "stages/single_request.py", "stages/ladder.py"},
+    "evidence.steps": {"stages/ladder.py"},
+    "evidence.diagnosis": {"stages/minimal_launch.py"},
+    "evidence.stale_caches": {"stages/cache_control.py"},
+    "session.launches": {"stages/launcher.py"},
+    "session.running_proxies": {"stages/launcher.py"},
+    "session.engine": {"stages/launcher.py"},
+    "session.base_url": {"stages/launcher.py"},
+    "session.follower": {"stages/launcher.py"},
+    "session.running": {"stages/launcher.py"},
+    "plan.stable": {"stages/single_request.py", "stages/ladder.py"},
+    "plan.proxy_for": {"stages/proxies.py"},
+    "plan.ladder_proxies": {"stages/proxies.py"},
+    "verdict.decision": {"stages/verdict.py"},
+    "verdict.reasons": {"stages/verdict.py"},
+    "verdict.headline": {"stages/verdict.py"},
+}
+
+
+def _written(target: ast.expr) -> str:
+    """`part.field` when `target` is a field of a part (`ctx.plan.stable`, `session.launches`, `x.holders[k]`)."""
+    while isinstance(target, ast.Subscript):
+        target = target.value
+    if not isinstance(target, ast.Attribute):
+        return ""
+    owner = target.value
+    part = owner.attr if isinstance(owner, ast.Attribute) else owner.id if isinstance(owner, ast.Name) else ""
+    return f"{part}.{target.attr}" if part in PARTS else ""
+
+
+def test_each_part_of_a_runs_state_is_written_by_its_owners() -> None:
+    writers: dict[str, set[str]] = {}
+    for path in sorted(RUNNER.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = [
+                    t for target in node.targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])
+                ]
+            elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+                targets = [node.target]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in CHANGES:
+                targets = [node.func.value]
+            for target in targets:
+                if field := _written(target):
+                    writers.setdefault(field, set()).add(str(path.relative_to(RUNNER)))
+    assert writers == WRITERS
