@@ -373,7 +373,7 @@ def test_bad_requests_are_refused_with_the_same_texts(both: dict[str, Served]) -
 
 
 def test_metrics_the_method_reads(both: dict[str, Served]) -> None:
-    ladder = (REPO / "runner" / "data" / "ladder.toml").read_text()
+    ladder = (REPO / "kernel" / "data" / "ladder.toml").read_text()
     assert all(name in ladder for name in METHOD_METRICS)  # the names the method reads are still these
     real, sim = (_metric_types(both[side].metrics) for side in ("real", "sim"))
     assert {name: sim.get(name) for name in METHOD_METRICS} == {name: real.get(name) for name in METHOD_METRICS}
