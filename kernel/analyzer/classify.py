@@ -9,6 +9,8 @@ from kernel.analyzer.phases import PhaseTracker, Placer
 from kernel.analyzer.rules import ErrorRule, Rules, gate
 from kernel.analyzer.signature import signature
 
+_KEPT_MESSAGES = 4096  # messages whose rule is kept
+
 
 class Classifier:
     """Rule → category, hint and confidence; it also words why (`k3repro analyze --explain`).
@@ -23,9 +25,20 @@ class Classifier:
         self._phases = phases
         self._rule_list = rules.rules
         self._rule_gate = rules.rule_gate
+        # Messages' rules, kept: a log repeats its error lines (a failing request's, every time it fails), and
+        # the gate (an alternation of every rule) takes up to hundreds of microseconds a line.
+        self._matched: dict[str, ErrorRule | None] = {}
 
     def match(self, msg: str) -> ErrorRule | None:
         """The first rule that names the line (a gate of all of them rules most lines out at once)."""
+        if msg in self._matched:
+            return self._matched[msg]
+        if len(self._matched) >= _KEPT_MESSAGES:
+            self._matched.clear()
+        rule = self._matched[msg] = self._first_rule(msg)
+        return rule
+
+    def _first_rule(self, msg: str) -> ErrorRule | None:
         if not self._rule_gate.search(msg):
             return None
         for rule in self._rule_list:
@@ -39,6 +52,7 @@ class Classifier:
             r for r in self._rules.rules if r.kind == "wrapper" or (later_oom and r.category == "oom")
         )
         self._rule_gate = gate(r.pattern for r in self._rule_list)
+        self._matched.clear()
 
     def quoted_cause(self, cause: str) -> ErrorRule | None:
         """The root rule that names the cause a wrapper quotes."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
 
 from kernel.analyzer.arbiter import Arbiter, ErrorLines
 from kernel.analyzer.candidates import GENERIC, Candidate, Cursor
@@ -127,10 +126,11 @@ class StreamAnalyzer:
         arbiter, phases = self._arbiter, self._phases
         if self.rules.scan is None or arbiter.open:
             return None
-        key: _WatchKey
-        ok: Callable[[Stream], bool]
+        # Whether every stream is settled first: inside a traceback (most calls that return None) the key
+        # is not needed.
         if arbiter.first_error is None:
-            ok = Stream.is_idle
+            if not self._tracker.settled(Stream.is_idle):
+                return None
             # What the phase tracker looks for: the markers that can still change something (an excerpt
             # without readiness repeats a seen phase's marker on every access line), the contexts' next edges
             # and, while serving, a stop notice (a line a serving log repeats then costs one read, not one per
@@ -139,7 +139,7 @@ class StreamAnalyzer:
             if phases.stop_armed():
                 assert self.rules.stop is not None
                 edges += (self.rules.stop,)
-            key = (True, phases.active_markers, edges, False, False)
+            key: _WatchKey = (True, phases.active_markers, edges, False, False)
         else:
             # Only a later OOM (secondary_oom), one of the first few wrappers (--explain lists them; neither
             # in a suppressed traceback) and markers of phases not seen yet can still count. While a phase is
@@ -147,16 +147,16 @@ class StreamAnalyzer:
             # active one wins.
             emitted = arbiter.emitted
             oom = arbiter.later_oom and emitted is not None and emitted.tier <= GENERIC and not self.secondary_oom
-            unseen = any(m.phase not in phases.seen for m in self.rules.markers)
-            markers = phases.active_markers if unseen else ()
             wrappers = arbiter.listing_wrappers()
 
             def ok(st: Stream) -> bool:
                 return not ((oom or wrappers) and st.suppress)
 
+            if not self._tracker.settled(ok):
+                return None
+            unseen = any(m.phase not in phases.seen for m in self.rules.markers)
+            markers = phases.active_markers if unseen else ()
             key = (False, markers, (), oom, wrappers)
-        if not self._tracker.settled(ok):
-            return None
         found = self._watch_cache.get(key)
         if found is None:
             found = self._watch_cache[key] = self._needles(key)
