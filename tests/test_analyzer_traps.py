@@ -502,8 +502,9 @@ def test_serving_frames_of_parsers_and_generation_place_the_request() -> None:
 def test_a_traceback_re_logged_at_info_is_read_as_the_traceback() -> None:
     # A wrapper script logs vLLM's output line by line through its own logger, at INFO.
     head = "2025-06-27 12:57:51,690 - __main__ - INFO - "
-    # vLLM's logged lines (their own prefix and header inside), and a process's own traceback (none)
-    for traceback_lines in (ROOT_TB, [line.removeprefix(CORE_ERR) for line in ROOT_TB]):
+    # vLLM's logged lines (their own prefix and header inside), a process's own traceback (prefix, no header; none)
+    bare = [line.removeprefix(CORE_ERR) for line in ROOT_TB]
+    for traceback_lines in (ROOT_TB, [f"{CORE}{line}" for line in bare], bare):
         lines = [f"{head}{line}" for line in traceback_lines]
         result = analyze_text("\n".join([f"{head}Starting the server", *lines]))
         assert result.first_error is not None

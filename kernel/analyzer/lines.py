@@ -83,15 +83,19 @@ class LineParser:
         if suffix := self._suffixes.search(text):
             text = text[: suffix.start()].rstrip()
         level, src, msg = self._header(text)
-        if level is not None:
+        while level is not None:
             inner_proc, inner = self._process_prefixes(msg)
             inner_level, inner_src, inner_msg = self._header(inner)
             if inner_level is not None:
                 # A wrapper script's logger re-logging vLLM's lines: the line it logs has its own prefix and header.
                 proc = f"{proc} {inner_proc}".strip()
                 text, level, src, msg = inner, inner_level, inner_src, inner_msg
-            elif level not in self._error_levels and self._relogged is not None and self._relogged.match(msg):
-                level = None  # a re-logged traceback line: its level is the re-logger's, not the line's
+                continue
+            if level not in self._error_levels and self._relogged is not None and self._relogged.match(inner):
+                # A re-logged traceback line: its level is the re-logger's, not the line's, which had no header.
+                proc = f"{proc} {inner_proc}".strip()
+                text, level, src, msg = inner, None, "", inner
+            break
         return LogLine(display, text, msg, proc, level, src)
 
     def _process_prefixes(self, text: str) -> tuple[str, str]:
