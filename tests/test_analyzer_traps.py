@@ -237,6 +237,9 @@ def test_ansi_colours_display_like_the_labels() -> None:
         "> {}",
         "> > {}",
         "2025-06-06T19:02:40.751Z DEBUG dynamo_run::subprocess: {}",
+        "2025-06-06 19:02:40.123\t{}",
+        "2025/06/06 19:02:40 {}",
+        "[2025-06-06 19:02:40] {}",
     ],
     ids=[
         "docker-compose",
@@ -248,6 +251,9 @@ def test_ansi_colours_display_like_the_labels() -> None:
         "markdown-quote",
         "markdown-quote-nested",
         "tracing-relogger",
+        "timestamp-tab",
+        "timestamp-go",
+        "timestamp-bracketed",
     ],
 )
 def test_collector_wrappers_are_stripped(wrap: str) -> None:
@@ -399,10 +405,24 @@ def test_logfmt_values_are_read_unquoted() -> None:
         ("[ERROR|2025-05-10 12:34:56] llamafactory.model.loader:143 >> x", "ERROR", "llamafactory.model.loader:143"),
         ("[WARNING|logging.py:328] 2025-05-10 12:34:56,789 >> x", "WARNING", "logging.py:328"),
         ("ERROR 2025-01-01 12:00:00,123 default_LLMServer abc123 replica.py:1234 - x", "ERROR", "replica.py:1234"),
+        ("2025-06-06 19:02:40,123\tERROR worker.py:409 -- x", "ERROR", "worker.py:409"),
+        ("2025-06-27 12:57:51,690 - __main__ - ERROR - x", "ERROR", "__main__"),
+        ("[2025-06-27 12:57:51,690] ERROR core.py:12 x", "ERROR", "core.py:12"),
         ("2025-06-06T09:52:01.833Z ERROR core.run_engine_core: x", "ERROR", ""),
         ("`ERROR [hermes_tool_parser.py:110] x", "ERROR", "hermes_tool_parser.py:110"),
     ],
-    ids=["lmcache", "production-stack", "llamafactory", "transformers", "ray-serve", "tracing-error", "code-span"],
+    ids=[
+        "lmcache",
+        "production-stack",
+        "llamafactory",
+        "transformers",
+        "ray-serve",
+        "ray",
+        "python-logging",
+        "bracketed",
+        "tracing-error",
+        "code-span",
+    ],
 )
 def test_log_headers_of_the_tools_that_deploy_vllm(line: str, level: str, src: str) -> None:
     parsed = LineParser(default_rules().line).parse(line)
