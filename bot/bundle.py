@@ -43,6 +43,7 @@ from bot.report import report
 from bot.store import FINAL, Run, Store
 from kernel.redact import map_strings, printable, redactor
 from protos import runner_pb2 as pb
+from protos.vocab import API_PATHS, DEFAULT_API, DEFAULT_REPEATS
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -60,7 +61,7 @@ SHA256 = re.compile(r"[0-9a-f]{64}")
 TIMELINE = "timeline.png"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DECISIONS = ("fix", "isolate", "continue")
-APIS = ("chat", "completions")
+APIS = tuple(API_PATHS)
 MAX_JSON_DEPTH = 64  # nesting of any JSON the bot reads from outside (a bundle's members, a Slack payload)
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
@@ -224,8 +225,8 @@ def public_request(run: Run, record: RunRecord) -> dict[str, Any]:
     asked = asked if isinstance(asked, dict) else {}
     result: dict[str, Any] = {
         "argv": asked.get("argv", []),
-        "api": asked.get("api", "chat"),
-        "repeats": asked.get("repeats", 3),
+        "api": asked.get("api", DEFAULT_API),
+        "repeats": asked.get("repeats", DEFAULT_REPEATS),
         "profile": asked.get("profile", ""),
     }
     kept = (record.scene or {}).get("request")

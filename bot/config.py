@@ -12,6 +12,7 @@ from typing import Any
 from kernel.retention import RETENTION_KEYS, Retention, read_retention
 from kernel.tls import pem_problem
 from kernel.toml_reader import ConfigError, TomlReader, read_toml, strict
+from protos.vocab import DEFAULT_API, DEFAULT_REPEATS
 
 DEFAULT_CONFIG = "k3repro.toml"
 CONFIG_ENV = "K3REPRO_CONFIG"
@@ -77,9 +78,9 @@ class ClientTls:
 
 @dataclass(frozen=True)
 class FixedRequestConfig:
-    api: str = "chat"
-    body_json: str = ""
-    repeats: int = 3
+    api: str = DEFAULT_API
+    body_json: str = ""  # "": the runner's own fixed request
+    repeats: int = DEFAULT_REPEATS
 
 
 PROVIDERS = ("static", "slurm", "kubernetes")
@@ -352,7 +353,9 @@ def _cluster(
         launch_argv=argv,
         profile=reader.text("profile", ""),
         request=FixedRequestConfig(
-            api=request.text("api", "chat"), body_json=body_json, repeats=int(request.number("repeats", 3))
+            api=request.text("api", DEFAULT_API),
+            body_json=body_json,
+            repeats=int(request.number("repeats", DEFAULT_REPEATS)),
         ),
         channels=tuple(reader.texts("channels")),
         operators=tuple(reader.texts("operators")),

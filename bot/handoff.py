@@ -22,9 +22,9 @@ from bot.report import report
 from bot.store import Run, Store
 from kernel.launches import LaunchSpan
 from kernel.redact import printable, redactor
+from protos.vocab import API_PATHS, DEFAULT_API, DEFAULT_REPEATS
 
 BASE_URL = "http://localhost:8000"
-API_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 MAX_CONTEXT_LINES = 40  # of the first error's traceback/context
 
 
@@ -262,9 +262,9 @@ def _asked(run: Run) -> dict[str, Any]:
 def _curl(run: Run, record: RunRecord, scene: dict[str, Any]) -> list[str]:
     """The fixed request as the run sent it (the scene's request: with the model filled in) as one curl line."""
     asked, kept = _asked(run), scene.get("request")
-    api = str((kept or {}).get("api") or asked.get("api") or "chat")
-    repeats = (kept or {}).get("repeats") or asked.get("repeats") or 1
-    url = BASE_URL + API_PATHS.get(api, API_PATHS["chat"])
+    api = str((kept or {}).get("api") or asked.get("api") or DEFAULT_API)
+    repeats = (kept or {}).get("repeats") or asked.get("repeats") or DEFAULT_REPEATS
+    url = BASE_URL + API_PATHS.get(api, API_PATHS[DEFAULT_API])
     if isinstance(kept, dict) and kept.get("body") is None and kept.get("body_sha256"):
         return [
             f"The fixed request ({api} API, sent {repeats}×) is kept only as its sha256 "

@@ -29,6 +29,7 @@ from bot.record import RunRecord
 from bot.refusal import Refused
 from bot.store import Run, Store
 from kernel.fingerprint import diff
+from kernel.images import pinned_to
 from kernel.redact import PLACEHOLDER, redactor
 from kernel.toml_reader import ConfigError
 from protos import runner_pb2 as pb
@@ -243,10 +244,8 @@ def rerun_request(
     launch, asked = bundle.launch, bundle.json("request.json")
     digest = launch["image_digest"]
     image = launch["image"]
-    if digest and not image.endswith(f"@{digest}"):
-        name = image.split("@", 1)[0]
-        repository = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
-        image = f"{repository}@{digest}"
+    if digest:
+        image = pinned_to(image, digest)
     changes = (bundle.fingerprint or {}).get("changes") or []
     return pb.StartRunRequest(
         run_id=rerun_id,

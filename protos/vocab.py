@@ -53,6 +53,12 @@ def ids(enum: type[E]) -> list[str]:
     return [to_id(enum, number) for number in wrapper.values() if number != 0]
 
 
+# The fixed request: the APIs it may use, each by its path on the server, and what it is when nothing is said
+# (a cluster's [request] without api or repeats; a StartRun's api "" and repeats 0 on the wire).
+API_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+DEFAULT_API = "chat"
+DEFAULT_REPEATS = 3
+
 # The phase of an error nothing in its log places: an id of the vocabulary, but no phase a launch goes through.
 UNKNOWN_PHASE = "unknown"
 PHASES = [phase for phase in ids(pb.Phase) if phase != UNKNOWN_PHASE]  # a launch's phases, in order

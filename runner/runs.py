@@ -11,10 +11,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
+from kernel import images
 from kernel.baseline import load_baseline
 from kernel.toml_reader import ConfigError
 from kernel.vllm_cli import LaunchCommandError, ServeCommand, ladder_step_ids, parse_launch_command
 from protos import runner_pb2 as pb
+from protos.vocab import API_PATHS
 from runner.config import RunnerConfig
 from runner.engines import EngineBackend
 from runner.events import EventLog, JournalWriteError, heartbeat
@@ -22,7 +24,6 @@ from runner.journal import Journal, request_digest
 from runner.pipeline import execute
 from runner.stages.context import RunContext
 from runner.stages.launcher import release
-from runner.stages.probes import PATHS
 
 log = logging.getLogger(__name__)
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -93,7 +94,7 @@ class RunHub:
         if not any(fnmatchcase(request.image, pattern) for pattern in self.config.allowed_images):
             allowed = ", ".join(self.config.allowed_images)
             raise RunRejected("PERMISSION_DENIED", f"image {request.image!r} is not allowlisted here ({allowed})")
-        if request.rerun.image_digest and not request.image.endswith(f"@{request.rerun.image_digest}"):
+        if request.rerun.image_digest and images.digest(request.image) != request.rerun.image_digest:
             raise RunRejected(
                 "FAILED_PRECONDITION",
                 f"rerun of {request.rerun.original_run_id}: image {request.image!r} is not the bundle's digest "
@@ -114,8 +115,8 @@ class RunHub:
             raise RunRejected("PERMISSION_DENIED", refusal)
         if self.once and (self.active or self.served.is_set()) and self.journal.request(request.run_id) is None:
             raise RunRejected("RESOURCE_EXHAUSTED", f"runner {self.config.name} serves one run only (--once)")
-        if request.request.api and request.request.api not in PATHS:
-            raise RunRejected("INVALID_ARGUMENT", f"request api must be one of {', '.join(PATHS)}")
+        if request.request.api and request.request.api not in API_PATHS:
+            raise RunRejected("INVALID_ARGUMENT", f"request api must be one of {', '.join(API_PATHS)}")
         if request.request.body_json:
             try:
                 body = json.loads(request.request.body_json)

@@ -88,6 +88,7 @@ TIERS: dict[str, str] = {
     "test_fingerprint": "unit",
     "test_fingerprint_docker": "daemons",
     "test_handoff_report": "sim",
+    "test_images": "unit",
     "test_k8s": "sim",
     "test_kube_engine": "sim",
     "test_load_verdicts": "sim",

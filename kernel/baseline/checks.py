@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
+from kernel import images
 from kernel.baseline.scene_facts import Facts, major_minor, shown
 
 
@@ -22,16 +23,11 @@ class Outcome:
 Check = Callable[[Facts, Mapping[str, Any]], Outcome]
 
 
-def _tag(ref: str) -> str:
-    name = ref.split("@", 1)[0]
-    return name.rsplit(":", 1)[1] if ":" in name.rsplit("/", 1)[-1] else "latest"
-
-
 def image_cuda_build(facts: Facts, params: Mapping[str, Any]) -> Outcome:
     major = int(params["cuda_major"])
     expected = f"a CUDA {major} build (cu{major}0)"
     ref = (facts.image or {}).get("ref")
-    tag = _tag(ref) if ref else None
+    tag = images.tag(ref) if ref else None
     refused = [pattern for pattern in params.get("refused_tags", []) if tag and fnmatchcase(tag, pattern)]
     if refused:
         return Outcome(False, expected, f"tag {tag}", f"tag {tag!r} is not a CUDA {major} build; there is none")
@@ -102,7 +98,7 @@ def image_digest(facts: Facts, _: Mapping[str, Any]) -> Outcome:
     ref, digests = image["ref"], image.get("repo_digests") or []
     if image.get("pinned"):
         pinned = image.get("pinned_ref") or ref  # set by freeze: the run and any rerun launch by it
-        digest = pinned.split("@", 1)[-1]
+        digest = images.digest(pinned)
         if pinned != ref:
             return Outcome(True, expected, f"{ref} → {pinned}", f"tag pinned by freeze to {digest}")
         return Outcome(True, expected, ref, f"pinned to {digest}")

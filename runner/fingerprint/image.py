@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from kernel.images import is_pinned
 from kernel.redact import Redactor
 from runner.fingerprint.probe import PROBE_TIMEOUT_S, probe_script, runtime_section
 
@@ -42,7 +43,7 @@ def unavailable_image(ref: str, reason: str) -> dict[str, Any]:
         "id": None,
         "repo_digests": None,
         "repo_tags": None,
-        "pinned": "@sha256:" in ref,
+        "pinned": is_pinned(ref),
         "created": None,
         "env": None,
         "labels": None,
@@ -67,7 +68,7 @@ def inspect_image(client: Any, ref: str, redact: Redactor) -> dict[str, Any]:
         "id": data.get("Id"),
         "repo_digests": sorted(data.get("RepoDigests") or []),
         "repo_tags": sorted(data.get("RepoTags") or []),
-        "pinned": "@sha256:" in ref,
+        "pinned": is_pinned(ref),
         "created": data.get("Created"),
         "env": redact.env(env),
         "labels": {k: redact.line(v) for k, v in (config.get("Labels") or {}).items()},
