@@ -80,7 +80,8 @@ class _Plan:
 
     errors: frozenset[str]  # needles of the other patterns, error levels
     held: frozenset[str] | None  # needles of the other patterns, frame hints (None: the hints have no needles)
-    shaped: tuple[bytes, ...]  # Hyperscan expressions of the patterns with generic needles
+    shaped: tuple[bytes, ...]  # Hyperscan expressions of the patterns with generic needles, and of coloured lines
+    uncoloured: tuple[bytes, ...]  # the patterns' alone: for a buffer without an ANSI escape (they scan faster)
 
 
 _PLANS: dict[int, tuple[Rules, _Plan | None]] = {}
@@ -97,6 +98,7 @@ def _derive(rules: Rules) -> _Plan | None:
     tb = rules.traceback
     literals: set[str] = set()
     expressions: list[bytes] = []
+    shapes: list[bytes] = []
     for pattern in (tb.standalone, tb.start, tb.frame, *(r.pattern for r in rules.rules)):
         found = needles(pattern)
         if found is None:
@@ -108,11 +110,12 @@ def _derive(rules: Rules) -> _Plan | None:
         # Searched by its own pattern; ANSI colour inside a word hides it from the pattern, so a coloured
         # line with one of its needles is still read.
         expressions.append(shape)
+        shapes.append(shape)
         any_needle = b"(?:%s)" % b"|".join(_literal(n) for n in sorted(found))
         expressions.append(b"\\x1b[^\\n]*%s|%s[^\\n]*\\x1b" % (any_needle, any_needle))
     frames = needles_of([rules.frame_gate, rules.context_frame_gate])
     held = None if frames is None else frozenset(literals | frames)
-    return _Plan(frozenset(literals | rules.line.error_levels), held, tuple(expressions))
+    return _Plan(frozenset(literals | rules.line.error_levels), held, tuple(expressions), tuple(shapes))
 
 
 _HEX = [b"\\x%02x" % c for c in range(256)]
@@ -354,25 +357,26 @@ def _analyze(
     first_skipped = 0  # number of the first line jumped over (0: none yet)
     held_from = -1  # offset of the first line jumped over while a logged error line was held (-1: none)
     parser = LineParser(rules.line)
-    searches: dict[tuple[int, bool], tuple[_Search, ...]] = {}
+    searches: dict[tuple[int, bool, bool], tuple[_Search, ...]] = {}
     held = plan.held if plan is not None else None
     starts = [n.encode() for n in needles(rules.traceback.start) or ()]  # of a line that starts a traceback
 
-    def search(watch: Watch, holding: bool) -> tuple[_Search, ...]:
+    def search(watch: Watch, holding: bool, coloured: bool) -> tuple[_Search, ...]:
         """The database for a watch (the analyzer keeps each Watch, so its id stays its own)."""
-        db = searches.get((id(watch), holding))
+        db = searches.get((id(watch), holding, coloured))
         if db is None:
             literals, expressions = watch.any_line | watch.error_line, tuple[bytes, ...]()
             if plan is not None and watch.error_line is errors:
                 chosen = held if holding and held is not None else plan.errors
-                literals, expressions = watch.any_line | chosen, plan.shaped
-            db = searches[(id(watch), holding)] = _database(literals, expressions)
+                literals, expressions = watch.any_line | chosen, plan.shaped if coloured else plan.uncoloured
+            db = searches[(id(watch), holding, coloured)] = _database(literals, expressions)
         return db
 
     for buf, end, offset in _blocks(stream, long_line, size):
         finder.reset()
         pos = 0
         fed_here: set[int] = set()  # where the lines read from this buffer start
+        coloured = buf.find(b"\x1b", 0, end) >= 0  # (no line of a buffer without ESC is coloured)
         watch: Watch | None = None
         watched = False  # whether the line at pos was looked at by _header already
         fresh = False  # whether watch is still the analyzer's (nothing read since, before the first error)
@@ -383,7 +387,7 @@ def _analyze(
             if watch is not None:
                 holding = hold and held is not None and watch.error_line is errors and analyzer.holds_logged_error
                 # Jump to the next line with a needle; over it too when it cannot count after all.
-                hit = -1 if watch.final else finder.find(search(watch, holding), buf, pos, end)
+                hit = -1 if watch.final else finder.find(search(watch, holding, coloured), buf, pos, end)
                 line_start = end if hit < 0 else buf.rfind(b"\n", pos, hit) + 1 or pos
                 # A line only an expression found has none of the needles (the first database, which has
                 # them, found nothing up to its end): no needle that counts in any line.

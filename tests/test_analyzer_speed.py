@@ -1,5 +1,5 @@
 """What makes whole-file analysis fast without changing its result: a pipe spliced into the spool, compiled
-Hyperscan databases kept on disk between runs."""
+Hyperscan databases kept on disk between runs, the coloured lines' expressions only where a buffer has colour."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from kernel.analyzer import analyze_stream
 from kernel.analyzer import scan as scan_module
 from kernel.analyzer.reader import InputError
 from tests.analyzer_logs import FIRST_ERROR, dense_lines
-from tests.test_analyzer_scan import streamed
+from tests.test_analyzer_scan import NOISE, scanned, streamed
 
 PATTERNS = (b"\\x45\\x52\\x52\\x4f\\x52", b"Traceback[^\\n]*call")
 
@@ -124,3 +124,18 @@ def test_the_cache_keeps_the_newest_databases(cache: Path, monkeypatch: pytest.M
         os.utime(new, (i, i))  # stored one after the other, whatever the file system's clock resolution
         names.append(new.name)
     assert sorted(p.name for p in cache.glob("*.hsdb")) == sorted(names[2:])
+
+
+@pytest.mark.parametrize("chunk", [scan_module.CHUNK_BYTES, 4096])
+def test_a_coloured_exception_is_found_in_a_log_mostly_without_colour(
+    monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """Colour between the exception's name and its colon hides the line from the exception's expression: where
+    a buffer has an escape, the coloured lines' expressions find it (in the smallest buffers, the others have
+    none)."""
+    monkeypatch.setattr(scan_module, "CHUNK_BYTES", chunk)
+    plain = [line for line in NOISE if "\x1b" not in line] * 300
+    data = ("\n".join([*plain, "\x1b[31mValueError\x1b[0m: boom", *plain]) + "\n").encode()
+    result = scanned(data)
+    assert result == streamed(data)
+    assert result.first_error is not None and result.first_error.line_no == len(plain) + 1
