@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -10,7 +9,6 @@ from kernel.vllm_cli import ladder_step_ids
 from protos import runner_pb2 as pb
 from protos import vocab
 from protos.generate import OUTPUTS, ROOT, generate
-from runner.stages import probes, single_request
 
 
 def test_generated_code_matches_the_proto(tmp_path: Path) -> None:
@@ -61,12 +59,3 @@ def test_every_event_payload_is_in_the_oneof() -> None:
         event = pb.RunEvent()
         getattr(event, name).SetInParent()
         assert fact_of(event) is not None, name
-
-
-def test_the_fixed_requests_defaults_are_the_vocabularys_wherever_they_are_still_restated() -> None:
-    """The bot and the runner's admission read them from protos.vocab; the runner's stages still restate
-    them (DEFAULT_REPEATS, PATHS, `api or "chat"`) until they import them: this keeps the copies equal."""
-    unset = SimpleNamespace(request=pb.StartRunRequest())  # a run whose request says no api
-    assert single_request.DEFAULT_REPEATS == vocab.DEFAULT_REPEATS
-    assert probes.PATHS == vocab.API_PATHS
-    assert probes.api(unset) == vocab.DEFAULT_API  # type: ignore[arg-type]

@@ -8,11 +8,10 @@ from typing import Any
 
 from kernel.fingerprint.document import seal
 from protos import runner_pb2 as pb
-from protos.vocab import to_id
+from protos.vocab import DEFAULT_REPEATS, to_id
 from runner.fingerprint import Change, FixedRequest, collect
 from runner.stages.context import RunContext, StageResult
 from runner.stages.probes import api, fixed_body
-from runner.stages.single_request import DEFAULT_REPEATS
 
 HOLDS, PENDING = pb.CHECKLIST_STATE_HOLDS, pb.CHECKLIST_STATE_PENDING
 

@@ -10,6 +10,7 @@ import aiohttp
 
 from kernel.analyzer import ErrorFinding, Stall
 from protos import runner_pb2 as pb
+from protos.vocab import API_PATHS, DEFAULT_API
 from runner.stacks.collect import stalled_stacks
 from runner.stages.context import RunContext
 
@@ -21,7 +22,6 @@ DEFAULT_BODY: dict[str, Any] = {
 MAX_WARNINGS = 5
 LOG_SETTLE_S = 0.05  # wall seconds the pipe may lag an answer (not the engine's time): the most it is waited
 MAX_WARNING_CHARS = 500
-PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 FILLER = "The quick brown fox jumps over the lazy dog while the cluster keeps serving tokens."
 # Answers that say OUR request was invalid (too long, unknown model, a feature the server was not started
 # with): the server works, the probe does not; never a crash, never a trigger.
@@ -32,7 +32,7 @@ SIZED_WITHIN = 0.97  # a sized probe ends up between this share of its token bud
 
 
 def api(ctx: RunContext) -> str:
-    return ctx.request.request.api or "chat"
+    return ctx.request.request.api or DEFAULT_API
 
 
 def fixed_body(ctx: RunContext) -> dict[str, Any]:
@@ -139,7 +139,7 @@ async def send(http: aiohttp.ClientSession, ctx: RunContext, body: dict[str, Any
     result.gpu_memory_before_mib = await gpu_memory_in_use(ctx)
     session = ctx.session
     logged = len(session.follower.warnings) if session.follower is not None else 0
-    path = PATHS[api(ctx)]
+    path = API_PATHS[api(ctx)]
     answers = session.follower.answered(path) if session.follower is not None else 0
     clock = ctx.clock
     started = clock.now()

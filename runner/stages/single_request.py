@@ -16,12 +16,11 @@ import aiohttp
 from kernel.analyzer import ErrorFinding, default_rules
 from kernel.analyzer.signature import signature
 from protos import runner_pb2 as pb
+from protos.vocab import DEFAULT_REPEATS
 from runner.stages import proxies
 from runner.stages.context import NOT_FAILED, Attempt, RunContext, StageResult
 from runner.stages.launcher import attempt_of, foreign_now, healthy_now, launch, not_reusable
 from runner.stages.probes import fixed_body, hang_of, refused_as_invalid, send
-
-DEFAULT_REPEATS = 3
 
 
 async def run(ctx: RunContext) -> StageResult:
