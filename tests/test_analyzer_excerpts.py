@@ -24,7 +24,8 @@ LABELS = [json.loads(line) for line in (EXCERPTS / "labels.jsonl").read_text(enc
 # the rules 21/22/22. Batch 2, 27 logs: first sight 13/19/21, after the rules 25/27/26. Batch 3, 20 logs: first
 # sight 19/16/19, after the rules 20/20/20. Batch 4, 20 logs: first sight 18/18/18, after the rules 20/20/20. Batch 5
 # (f01-f20), 20 logs: first sight 14/13/17, after the rules 19/19/17. Batch 6 (g01-g20), 20 logs: first sight
-# 15/13/17, after the rules 19/18/19. Batch 7 (h01-h23), 23 logs: first sight 17/19/21.
+# 15/13/17, after the rules 19/18/19. Batch 7 (h01-h23), 23 logs: first sight 17/19/21, after the rules 22/23/23
+# (the batch-7 rules also raised batch 2 to 26/27/26, batch 5 to 20/20/18 and batch 6 to 20/19/20).
 BATCHES = {
     ("e01.log", "e22.log"): {"phase": 21, "category": 22, "first_error_line": 22},
     ("e23.log", "e49.log"): {"phase": 26, "category": 27, "first_error_line": 26},
