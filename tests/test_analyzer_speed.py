@@ -1,11 +1,13 @@
 """What makes whole-file analysis fast without changing its result: a pipe spliced into the spool, compiled
-Hyperscan databases kept on disk between runs, the coloured lines' expressions only where a buffer has colour."""
+Hyperscan databases and the needles derived from the rules kept on disk between runs, the coloured lines'
+expressions only where a buffer has colour."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import random
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ import hyperscan
 import pytest
 
 from kernel.analyzer import analyze_stream
+from kernel.analyzer import needles as needles_module
 from kernel.analyzer import scan as scan_module
 from kernel.analyzer.reader import InputError
 from tests.analyzer_logs import FIRST_ERROR, dense_lines
@@ -139,3 +142,33 @@ def test_a_coloured_exception_is_found_in_a_log_mostly_without_colour(
     result = scanned(data)
     assert result == streamed(data)
     assert result.first_error is not None and result.first_error.line_no == len(plain) + 1
+
+
+def test_derived_needles_are_stored_and_reused(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pattern = re.compile(r"(?:abcdef|ghij\w+kl)\d+: (?P<x>Error)")
+    monkeypatch.setattr(needles_module, "_DERIVED", needles_module._Derived())
+    needles_module._needles.cache_clear()
+    found, shape = needles_module.needles(pattern), needles_module.superset_expression(pattern)
+    assert found == frozenset({"Error"}) and shape is not None
+    needles_module._DERIVED.write()
+    assert len(list(cache.parent.glob("needles-*.json"))) == 1
+
+    def refuse(*_args: Any) -> None:
+        raise AssertionError("derived again")
+
+    monkeypatch.setattr(needles_module, "_DERIVED", needles_module._Derived())
+    monkeypatch.setattr(needles_module, "_sequence", refuse)
+    monkeypatch.setattr(needles_module, "_widen", refuse)
+    needles_module._needles.cache_clear()
+    assert needles_module.needles(pattern) == found and needles_module.superset_expression(pattern) == shape
+    needles_module._needles.cache_clear()
+
+
+def test_an_unwritable_cache_only_costs_the_derivation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "k3repro").write_text("a file where the cache's folder would be")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(needles_module, "_DERIVED", needles_module._Derived())
+    needles_module._needles.cache_clear()
+    assert needles_module.needles(re.compile("abcdef")) == frozenset({"abcdef"})
+    needles_module._DERIVED.write()
+    needles_module._needles.cache_clear()

@@ -7,11 +7,18 @@ and a new rule cannot be forgotten: a pattern with no usable literal makes the d
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import importlib
+import json
+import os
 import re
-from collections.abc import Iterable
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
 from functools import lru_cache
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 # The regex engine's own parser (Python >= 3.11; not in typeshed): the needles follow its exact syntax.
 _p: Any = importlib.import_module("re._parser")
@@ -29,8 +36,81 @@ def needles(pattern: re.Pattern[str]) -> _Needles | None:
 
 @lru_cache(maxsize=1024)
 def _needles(pattern: str, flags: int) -> _Needles | None:
-    """Kept per pattern: the rules and the scan ask for the same patterns' needles (parsing them is slow)."""
-    return _sequence(_p.parse(pattern, flags), flags)
+    """Kept per pattern: the rules and the scan ask for the same patterns' needles (parsing them is slow), and
+    on disk between runs (_Derived)."""
+    found = _DERIVED.get(f"n{flags}:{pattern}", lambda: _sequence(_p.parse(pattern, flags), flags), sorted)
+    return None if found is None else frozenset(found)
+
+
+def cache_dir() -> Path:
+    """Where the analyzer keeps what it derives from the rules between runs: $XDG_CACHE_HOME/k3repro
+    (~/.cache by default)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "k3repro"
+
+
+_V = TypeVar("_V")
+
+
+class _Derived:
+    """Needles and superset expressions of the patterns seen before, in one JSON file read once and written at
+    exit when something was added: deriving them parses every pattern of the rules again (40 ms a process).
+    The file is named by this module's source and Python's version (whose regex parser they follow), so a
+    change to either starts a new one; silently nothing where the cache cannot be read or written."""
+
+    _MAX = 8192  # entries written back (tests derive thousands of patterns of their own)
+
+    def __init__(self) -> None:
+        self._values: dict[str, Any] | None = None
+        self._added = False
+
+    def _path(self) -> Path:
+        source = Path(__file__).read_bytes() + sys.version.encode()
+        return cache_dir() / f"needles-{hashlib.sha256(source).hexdigest()[:16]}.json"
+
+    def get(self, key: str, derive: Callable[[], _V | None], to_json: Callable[[_V], Any]) -> Any:
+        """The stored value of key (JSON: a list or a string, or None), else derive() stored as to_json gives it."""
+        if self._values is None:
+            try:
+                loaded = json.loads(self._path().read_bytes())
+                self._values = loaded if isinstance(loaded, dict) else {}
+            except (OSError, ValueError):
+                self._values = {}
+        if key in self._values:
+            return self._values[key]
+        derived = derive()
+        value = None if derived is None else to_json(derived)
+        if len(self._values) < self._MAX:
+            self._values[key] = value
+            if not self._added:
+                self._added = True
+                atexit.register(self.write)
+        return value
+
+    def write(self) -> None:
+        """Store the values (this version's file replaced whole; the other versions' files removed)."""
+        if not self._added or self._values is None:
+            return
+        path = self._path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".", suffix=".tmp", delete=False) as out:
+                try:
+                    json.dump(self._values, out)
+                    out.close()
+                    os.replace(out.name, path)
+                except BaseException:
+                    os.unlink(out.name)
+                    raise
+            for old in path.parent.glob("needles-*.json"):
+                if old != path:
+                    old.unlink(missing_ok=True)
+        except OSError:
+            pass
+        self._added = False
+
+
+_DERIVED = _Derived()
 
 
 def needles_of(patterns: Iterable[re.Pattern[str]]) -> _Needles | None:
@@ -107,6 +187,13 @@ def superset_expression(pattern: re.Pattern[str]) -> bytes | None:
     itself is searched: the scan then stops only on lines the pattern may really match."""
     if pattern.flags & re.IGNORECASE:
         return None
+    found = _DERIVED.get(
+        f"s{pattern.flags}:{pattern.pattern}", lambda: _superset(pattern), lambda e: e.decode("latin-1")
+    )
+    return None if found is None else str(found).encode("latin-1")
+
+
+def _superset(pattern: re.Pattern[str]) -> bytes | None:
     try:
         out = _widen(_p.parse(pattern.pattern, pattern.flags), pattern.flags)
     except _Unsupported:

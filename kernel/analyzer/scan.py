@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 from kernel.analyzer.lines import LineParser, LogLine
-from kernel.analyzer.needles import needles, needles_of, superset_expression
+from kernel.analyzer.needles import cache_dir, needles, needles_of, superset_expression
 from kernel.analyzer.rules import LineSyntax, Rules
 from kernel.analyzer.stream import CONTEXT_BEFORE, ErrorFinding, StreamAnalyzer, Watch
 
@@ -242,7 +242,7 @@ def _kept(key: object, patterns: Callable[[], tuple[bytes, ...]]) -> hyperscan.D
     """The database stored under key (a repr-able value), or the one compiled from patterns() and stored:
     compiling a log's databases (20-40 of them, 5 ms each) was most of a short log's analysis; a stored one
     loads in microseconds."""
-    path = _cache_dir() / f"{hashlib.sha256(repr((_CACHE_FORMAT, key)).encode()).hexdigest()}.hsdb"
+    path = cache_dir() / "hyperscan" / f"{hashlib.sha256(repr((_CACHE_FORMAT, key)).encode()).hexdigest()}.hsdb"
     db = _stored(path)
     if db is None:
         expressions = patterns()
@@ -250,12 +250,6 @@ def _kept(key: object, patterns: Callable[[], tuple[bytes, ...]]) -> hyperscan.D
         db.compile(expressions=list(expressions), ids=list(range(len(expressions))), flags=[0] * len(expressions))
         _store(path, db)
     return db
-
-
-def _cache_dir() -> Path:
-    """Where compiled databases are kept: $XDG_CACHE_HOME/k3repro/hyperscan (~/.cache by default)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "k3repro" / "hyperscan"
 
 
 def _stored(path: Path) -> hyperscan.Database | None:
