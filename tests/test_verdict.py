@@ -104,11 +104,13 @@ async def test_a_flaky_failure_is_not_repeated(tmp_path: Path) -> None:
     assert ctx.verdict.decision == pb.DECISION_CONTINUE  # one failed attempt and one clean one: not two phases
 
 
-def test_an_attempt_that_did_not_fail_is_neither_a_failure_nor_an_unplaced_outcome() -> None:
+def test_an_attempt_that_did_not_fail_is_neither_a_failure_nor_an_inconclusive_outcome() -> None:
     assert NOT_FAILED.held and not NOT_FAILED.failed
     on_proxy = Attempt.did_not_fail(("load_format_dummy",))
     assert on_proxy.held and on_proxy.proxy == ("load_format_dummy",)
-    refused = Attempt("", "probe_error", "HTTP 400")  # nothing tested: no failure, and not a clean answer either
+    refused = Attempt.inconclusive(
+        "HTTP 400", "probe_error"
+    )  # nothing tested: no failure, and not a clean answer either
     assert not refused.failed and not refused.held
     assert Attempt("engine_init", "oom", "s").failed and not Attempt("engine_init", "oom", "s").held
 

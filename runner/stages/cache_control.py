@@ -93,7 +93,7 @@ async def run(ctx: RunContext, command: ServeCommand) -> None:
         await release(ctx)
         if launched.ready:
             return NOT_FAILED
-        return launched.failure or Attempt("", "other", launched.summary)
+        return launched.failure or Attempt.inconclusive(launched.summary)
 
     got = await proxies.repeat(ctx, target, control)
     answered = got.held

@@ -22,9 +22,9 @@ Emit = Callable[..., Awaitable[pb.RunEvent]]
 
 @dataclass(frozen=True)
 class Attempt:
-    """One attempt at reproducing the failure: where it failed and how. One that did not fail is
-    `Attempt.did_not_fail()` (NOT_FAILED); one that ended without a phase the analyzer placed (a probe the server
-    refused, a launch that stopped without a located failure) has a category and a signature but no phase."""
+    """One attempt at reproducing the failure, of three kinds: a failure in a phase (`failed`: where and how),
+    `Attempt.did_not_fail()` (NOT_FAILED, `held`: it launched and answered), or `Attempt.inconclusive()` (neither:
+    no phase, and what happened instead)."""
 
     phase: str
     category: str
@@ -41,6 +41,12 @@ class Attempt:
         """The attempt launched and answered (the probe too, where one was sent): the failure did not show."""
         return cls("", "", "", proxy=proxy)
 
+    @classmethod
+    def inconclusive(cls, what: str, category: str = "other", proxy: tuple[str, ...] = ()) -> Attempt:
+        """Neither a failure in a phase nor an answer: `what` happened (a launch that stopped without a first error
+        or a named way of failing, a probe the server refused as invalid)."""
+        return cls("", category, what, proxy=proxy)
+
     @property
     def failed(self) -> bool:
         """Whether it failed in a phase: what every reader counts as the failure met (never NOT_FAILED)."""
@@ -48,7 +54,7 @@ class Attempt:
 
     @property
     def held(self) -> bool:
-        """Whether it is the did-not-fail value (of any proxy): not a failure, and not an outcome without a phase."""
+        """Whether it is the did-not-fail value (of any proxy): neither a failure nor inconclusive."""
         return not (self.phase or self.category or self.signature)
 
     def same_as(self, other: Attempt | pb.FirstError) -> bool:

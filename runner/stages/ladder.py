@@ -211,7 +211,7 @@ async def _tested(ctx: RunContext, spec: LadderSpec, step: StepSpec, desired: Se
     if relaunched:
         started = await launch(ctx, desired, source)
         if not started.ready:
-            failure = started.failure or Attempt("", "other", started.summary)
+            failure = started.failure or Attempt.inconclusive(started.summary)
             return _failed(spec, step.id, started.summary, failure, relaunched=True)
     return await _probe(ctx, spec, step, relaunched)
 

@@ -29,7 +29,7 @@ async def run(ctx: RunContext) -> StageResult:
     if first.ready:
         return StageResult(pb.STAGE_STATUS_OK, first.summary)
     diagnosis = await _without_cuda_graphs(ctx, first.error) if first.error else ""
-    target = first.failure or Attempt("", "other", first.summary)
+    target = first.failure or Attempt.inconclusive(first.summary)
     ctx.evidence.attempts.append(target)
     for number in range(2, ctx.config.engine.failure_attempts + 1):
 

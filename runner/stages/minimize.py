@@ -203,7 +203,7 @@ class Tester:
         ctx = self.ctx
         started = await launch(ctx, with_units(ctx.command, subset), source)
         if not started.ready:
-            return started.failure or Attempt("", "other", started.summary)
+            return started.failure or Attempt.inconclusive(started.summary)
         if self.target.phase in START_PHASES:
             await release(ctx)
             return Attempt.did_not_fail(ctx.session.running_proxies)
@@ -212,7 +212,7 @@ class Tester:
         if outcome.failure is not None:
             return outcome.failure
         if outcome.outcome == pb.LADDER_OUTCOME_PROBE_ERROR:
-            return Attempt("", "probe_error", outcome.detail, proxy=ctx.session.running_proxies)
+            return Attempt.inconclusive(outcome.detail, "probe_error", ctx.session.running_proxies)
         return Attempt.did_not_fail(ctx.session.running_proxies)
 
     def _verdict(self, got: Attempt) -> Tested:

@@ -72,7 +72,7 @@ async def _reproduce(
         async def again(source: str = f"single_request/attempt-{number}") -> Attempt:
             launched = await launch(ctx, ctx.command.minimal(), source)
             if not launched.ready:
-                return launched.failure or Attempt("", "other", launched.summary)
+                return launched.failure or Attempt.inconclusive(launched.summary)
             answers = await _ask(ctx, body, 1, first=asked[0] + 1)
             asked[0] += len(answers)
             error = await _engine_error(ctx, answers)
