@@ -67,6 +67,7 @@ TIERS: dict[str, str] = {
     "test_analyzer_redos": "unit",
     "test_analyzer_rules": "unit",
     "test_analyzer_scan": "unit",
+    "test_analyzer_speed": "unit",
     "test_analyzer_stream": "unit",
     "test_analyzer_support": "unit",  # helpers, no tests
     "test_analyzer_traps": "unit",
