@@ -410,6 +410,7 @@ def test_logfmt_values_are_read_unquoted() -> None:
         ("[2025-06-27 12:57:51,690] ERROR core.py:12 x", "ERROR", "core.py:12"),
         ("2025-06-06T09:52:01.833Z ERROR core.run_engine_core: x", "ERROR", ""),
         ("`ERROR [hermes_tool_parser.py:110] x", "ERROR", "hermes_tool_parser.py:110"),
+        ("[ERROR:swift] x", "ERROR", "swift"),
     ],
     ids=[
         "lmcache",
@@ -422,6 +423,7 @@ def test_logfmt_values_are_read_unquoted() -> None:
         "bracketed",
         "tracing-error",
         "code-span",
+        "ms-swift",
     ],
 )
 def test_log_headers_of_the_tools_that_deploy_vllm(line: str, level: str, src: str) -> None:
