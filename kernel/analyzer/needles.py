@@ -26,6 +26,9 @@ _c: Any = importlib.import_module("re._constants")
 
 # Shorter needles match too much ordinary text to be worth searching for.
 MIN_NEEDLE = 4
+# A double quote in a line a collector re-logs as a quoted value (logfmt `msg="  File \"…\""`, rules.toml [line]
+# quoted) is escaped: needles never hold one, and a pattern's quote widens to an optionally escaped one.
+_QUOTE = ord('"')
 _Needles = frozenset[str]
 
 
@@ -144,6 +147,9 @@ def _sequence(items: Any, flags: int) -> _Needles | None:
         run.clear()
 
     for op, av in items:
+        if op is _c.LITERAL and av == _QUOTE:
+            flush()  # (a collector may escape it: no needle holds a quote)
+            continue
         if op is _c.LITERAL and not flags & re.IGNORECASE:
             run.append(chr(av))
             continue
@@ -277,7 +283,9 @@ def _widen(items: Any, flags: int) -> bytes:
     out = []
     for op, av in items:
         char = _single(op, av, flags)
-        if char is not None:
+        if op is _c.LITERAL and av == _QUOTE:
+            out.append(b"\\x5c?\\x22")
+        elif char is not None:
             out.append(_render(char))
         elif op in (_c.MAX_REPEAT, _c.MIN_REPEAT, _c.POSSESSIVE_REPEAT):
             low, high, sub = av
