@@ -94,8 +94,8 @@ class _Derived:
         """Store the values (this version's file replaced whole; the other versions' files removed)."""
         if not self._added or self._values is None:
             return
-        path = self._path()
         try:
+            path = self._path()  # (this module's source may be unreadable: an installation without it)
             path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".", suffix=".tmp", delete=False) as out:
                 try:
