@@ -559,3 +559,16 @@ def test_a_cut_traceback_is_placed_by_the_process_traceback_right_after_it() -> 
     assert (error.phase, error.phase_from, error.category) == ("request", "frames_after", "request_error")
     alone = analyze_text("\n".join(lines[:2])).first_error
     assert alone is not None and alone.phase == "unknown"
+
+
+def test_an_error_raised_by_vllm_s_configuration_checks_refuses_the_configuration() -> None:
+    lines = [
+        "Traceback (most recent call last):",
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/engine/arg_utils.py", line 1075, in create_engine_config',
+        "    cache_config = CacheConfig(",
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/config/cache.py", line 120, in __post_init__',
+        "    self._verify_args()",
+        "ValueError: the KV cache dtype fp8_e5m2 is not supported with this attention backend",
+    ]
+    error = analyze_text("\n".join(lines)).first_error
+    assert error is not None and (error.phase, error.category) == ("gpu_detect", "model_config")
