@@ -242,6 +242,7 @@ def test_ansi_colours_display_like_the_labels() -> None:
         "2025-06-06 19:02:40.123\t{}",
         "2025/06/06 19:02:40 {}",
         "[2025-06-06 19:02:40] {}",
+        "| 2025-11-03 11:57:01 | {} |",
     ],
     ids=[
         "docker-compose",
@@ -256,6 +257,7 @@ def test_ansi_colours_display_like_the_labels() -> None:
         "timestamp-tab",
         "timestamp-go",
         "timestamp-bracketed",
+        "markdown-table",
     ],
 )
 def test_collector_wrappers_are_stripped(wrap: str) -> None:
