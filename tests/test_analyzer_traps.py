@@ -574,3 +574,18 @@ def test_an_error_raised_by_vllm_s_configuration_checks_refuses_the_configuratio
     ]
     error = analyze_text("\n".join(lines)).first_error
     assert error is not None and (error.phase, error.category) == ("gpu_detect", "model_config")
+
+
+def test_a_paste_that_joined_its_lines_is_read_line_by_line(tmp_path: Path) -> None:
+    # Markdown outside a code block joins a paragraph's lines: the joined line holds the logged lines.
+    joined = " ".join([STARTUP[0], *ROOT_TB])
+    log = tmp_path / "joined.log"
+    log.write_text(joined + "\n", encoding="utf-8")
+    for result in (analyze_text(joined), analyze_path(log)):
+        assert result.first_error is not None
+        assert (result.first_error.line, result.first_error.line_no) == (joined, 1)
+        assert (result.first_error.phase, result.first_error.category) == ("gpu_detect", "nccl_comm")
+    # a process prefix and its header, or a re-logged line after a header, are one line's own parts
+    parser = LineParser(default_rules().line)
+    assert len(parser.lines(ROOT_TB[-1])) == 1
+    assert len(parser.lines(f"{CORE_ERR}{CORE_ERR}x")) == 1

@@ -8,13 +8,16 @@ of rules.toml.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kernel.analyzer.rules import LineSyntax
 
 # A quoted value up to its closing quote (escaped quotes and backslashes inside), and one escape in it.
 _QUOTED_VALUE = re.compile(r'(?:[^"\\]|\\.)*+')
 _ESCAPE = re.compile(r'\\(["\\])')
+# The end of a process prefix (`pid=68)`) or of a log header (`[core.py:866]`): what a joined line's start follows.
+# (A colour code may follow it, real or pasted as caret text.)
+_LINE_START_END = re.compile(r"(?:=[^\s,()=]*+\)|\.py:\d++\])(?:(?:\x1b|\^\[)\[[0-9;]*+m)*+\Z")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +40,7 @@ class LineParser:
         self._quoted = syntax.quoted
         self._relogged = syntax.relogged
         self._error_levels = syntax.error_levels
+        self._joined = syntax.joined
         self._suffixes = re.compile("|".join(f"(?:{s.pattern})" for s in syntax.suffixes) or r"(?!)")
         parts = []
         self._header_groups: list[tuple[str, str | None]] = []
@@ -56,7 +60,7 @@ class LineParser:
             return raw[last_end:].lstrip(" ")
         return raw
 
-    def parse(self, raw: str) -> LogLine:
+    def _parse(self, raw: str) -> LogLine:
         if len(raw) > self._max:
             raw = raw[: self._max]
         text = raw.rstrip("\r\n")
@@ -97,6 +101,38 @@ class LineParser:
                 text, level, src, msg = inner, None, "", inner
             break
         return LogLine(display, text, msg, proc, level, src)
+
+    def lines(self, raw: str) -> list[LogLine]:
+        """The logged lines of one line: usually itself; a paste that lost its line ends (Markdown outside a code
+        block joins a paragraph's lines) holds several, each read on its own and quoted as the whole line."""
+        raw = raw[: self._max]
+        starts = self._starts(raw)
+        if len(starts) == 1:
+            return [self._parse(raw)]
+        display = self._parse(raw).display
+        pieces = [raw[a:b].rstrip() for a, b in zip(starts, [*starts[1:], len(raw)], strict=True)]
+        return [replace(self._parse(piece), display=display) for piece in pieces if piece.strip()]
+
+    def parse(self, raw: str) -> LogLine:
+        """The line taken apart; one that joins several logged lines (see lines()) has no one level."""
+        line = self._parse(raw)
+        return replace(line, level=None) if len(self._starts(raw[: self._max])) > 1 else line
+
+    def _starts(self, raw: str) -> list[int]:
+        """Where the logged lines of a line start: 0, and where another starts inside it (rules.toml [line] joined),
+        not right after a process prefix or a log header (the line's own start, or a re-logged line)."""
+        starts = [0]
+        if self._joined is None or not self._joined.search(raw):
+            return starts
+        own = 0  # where the collectors' wrappers (and a quoted value's opening) end: the line's own start
+        while (match := self._wrappers.match(raw, own) or (self._quoted and self._quoted.match(raw, own))) and (
+            match.end() > own
+        ):
+            own = match.end()
+        for match in self._joined.finditer(raw, own):
+            if match.start() > own and not _LINE_START_END.search(raw, max(0, match.start() - 80), match.start()):
+                starts.append(match.end())
+        return starts
 
     def _process_prefixes(self, text: str) -> tuple[str, str]:
         """The process prefix(es) at the start of `text` ("" for none), and the rest."""

@@ -42,6 +42,8 @@ class LineSyntax:
     # A message logged below an error level that is a traceback's line (a wrapper re-logging another process's
     # output line by line at its own level): the level is the wrapper's, so the line is read as not logged.
     relogged: re.Pattern[str] | None = None
+    # Where another logged line starts inside a line (a paste that lost its line ends): the line is read as those.
+    joined: re.Pattern[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -293,6 +295,7 @@ def parse_rules(data: Mapping[str, Any], origin: str = "rules.toml") -> Rules:
         code=line.regex("code"),
         quoted=line.regex("quoted") if "quoted" in line.data else None,
         relogged=line.regex("relogged") if "relogged" in line.data else None,
+        joined=line.regex("joined") if "joined" in line.data else None,
     )
     tb = top.table("traceback")
     traceback = TracebackSyntax(

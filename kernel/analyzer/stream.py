@@ -227,9 +227,9 @@ class StreamAnalyzer:
             return found
         self._cursor.n += 1
         out: list[PhaseFinding | ErrorFinding] = []
-        ll = self._parser.parse(line)
         self._phases.saw_idle = False
-        self._tracker.line(ll, out)
+        for ll in self._parser.lines(line):  # (one, but for a paste that joined lines: all on this line's number)
+            self._tracker.line(ll, out)
         if not self._phases.saw_idle:
             self._last_progress_at = time.monotonic() if at is None else at
             self.last_progress_line = ll.display
