@@ -15,9 +15,12 @@ from kernel.analyzer.rules import LineSyntax
 # A quoted value up to its closing quote (escaped quotes and backslashes inside), and one escape in it.
 _QUOTED_VALUE = re.compile(r'(?:[^"\\]|\\.)*+')
 _ESCAPE = re.compile(r'\\(["\\])')
-# The end of a process prefix (`pid=68)`) or of a log header (`[core.py:866]`): what a joined line's start follows.
-# (A colour code may follow it, real or pasted as caret text.)
-_LINE_START_END = re.compile(r"(?:=[^\s,()=]*+\)|\.py:\d++\])(?:(?:\x1b|\^\[)\[[0-9;]*+m)*+\Z")
+# The end of a log header (`[core.py:866]`), and a colour code (real, or pasted as caret text) at the end of a text:
+# what a joined line's start may follow.
+_HEADER_END = re.compile(r"\.py:\d++\]\Z")
+_TRAILING_ANSI = re.compile(r"(?:\x1b|\^\[)\[[0-9;]*+m\Z")
+# What ends a process prefix (`pid=8453)`, `rank=1 pid=336)`, `ip=10.0.0.1)`).
+_PROCESS_KEY = re.compile(r"\b(?:pid|rank|ip)=[^\s,()=]*+\)\Z")
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,20 +122,48 @@ class LineParser:
         return replace(line, level=None) if len(self._starts(raw[: self._max])) > 1 else line
 
     def _starts(self, raw: str) -> list[int]:
-        """Where the logged lines of a line start: 0, and where another starts inside it (rules.toml [line] joined),
-        not right after a process prefix or a log header (the line's own start, or a re-logged line)."""
+        """Where the logged lines of a line start: 0, and where another's log header (rules.toml [line] joined), with
+        the process prefixes and colour codes before it, follows other text than the collectors' wrappers or a log
+        header (the line's own start, or a re-logged line)."""
         starts = [0]
-        if self._joined is None or not self._joined.search(raw):
-            return starts
-        own = 0  # where the collectors' wrappers (and a quoted value's opening) end: the line's own start
-        while (match := self._wrappers.match(raw, own) or (self._quoted and self._quoted.match(raw, own))) and (
-            match.end() > own
-        ):
-            own = match.end()
-        for match in self._joined.finditer(raw, own):
-            if match.start() > own and not _LINE_START_END.search(raw, max(0, match.start() - 80), match.start()):
-                starts.append(match.end())
+        if self._joined is None or "\r" in raw.rstrip("\r\n"):
+            return starts  # (a progress bar's redrawn segments are read as the terminal shows them, see _parse)
+        own = -1  # where the collectors' wrappers (and a quoted value's opening) end: the line's own start
+        for match in self._joined.finditer(raw):
+            end = self._before(raw, match.start())
+            begin = len(raw) - len(raw[end:].lstrip())
+            if end == 0 or begin == end:
+                continue  # the line's start, or glued to a word
+            if own < 0:
+                own = 0
+                while (wrap := self._wrappers.match(raw, own) or (self._quoted and self._quoted.match(raw, own))) and (
+                    wrap.end() > own
+                ):
+                    own = wrap.end()
+            if end > own and not _HEADER_END.search(raw, max(0, end - 80), end):
+                starts.append(begin)
         return starts
+
+    def _before(self, raw: str, at: int) -> int:
+        """Where the text before a log header at `at` ends, stepping back over whitespace, colour codes and the
+        process prefixes of its line."""
+        end = len(raw[:at].rstrip())
+        while end:
+            if ansi := _TRAILING_ANSI.search(raw, max(0, end - 40), end):
+                end = len(raw[: ansi.start()].rstrip())
+                continue
+            if raw[end - 1] != ")":
+                return end
+            # (a process prefix, also one with a space or parentheses in its name, or whose opening the paste cut at
+            # the line's start)
+            window = max(0, end - 200)
+            if not _PROCESS_KEY.search(raw, window, end):
+                return end
+            opening = raw.rfind("(", window, end)  # (the one its closing parenthesis closes)
+            while opening >= 0 and raw.count("(", opening, end) != raw.count(")", opening, end):
+                opening = raw.rfind("(", window, opening)
+            end = len(raw[:opening].rstrip()) if opening >= 0 else 0
+        return end
 
     def _process_prefixes(self, text: str) -> tuple[str, str]:
         """The process prefix(es) at the start of `text` ("" for none), and the rest."""
