@@ -34,7 +34,7 @@ BATCHES = {
     ("f01.log", "f20.log"): {"phase": 20, "category": 20, "first_error_line": 18},
     ("g01.log", "g20.log"): {"phase": 20, "category": 19, "first_error_line": 20},
     ("h01.log", "h23.log"): {"phase": 22, "category": 23, "first_error_line": 23},
-    ("i01.log", "i22.log"): {"phase": 17, "category": 17, "first_error_line": 20},
+    ("i01.log", "i22.log"): {"phase": 18, "category": 18, "first_error_line": 20},
 }
 
 
