@@ -84,7 +84,6 @@ class RunnerMetrics:
         active_runs = Gauge("k3repro_runner_active_runs", "runs in progress", registry=registry)
         active_runs.set_function(lambda: float(active()))
         self._stage_started: dict[tuple[str, int], float] = {}
-        self._last_error: dict[str, tuple[int, str]] = {}
         self._launches: dict[str, LaunchFold] = {}  # run id -> the launches of the run so far
 
     def observe(self, event: pb.RunEvent) -> None:
@@ -101,10 +100,8 @@ class RunnerMetrics:
                 self.stages.labels(stage, status).observe(max(0.0, at - started))
         elif kind == "first_error":
             error = event.first_error
-            # a FirstError repeated with secondary_oom set is the same error, updated (an OOM came after it)
-            if not (error.secondary_oom and self._last_error.get(event.run_id) == (error.phase, error.signature)):
+            if not error.update:  # an update restates an error counted already (the wire says so)
                 self.first_errors.labels(to_id(pb.Phase, error.phase), to_id(pb.ErrorCategory, error.category)).inc()
-            self._last_error[event.run_id] = (error.phase, error.signature)
         elif kind == "ladder_step":
             step = event.ladder_step
             self.ladder_steps.labels(step.step, to_id(pb.LadderOutcome, step.outcome)).inc()
@@ -120,7 +117,6 @@ class RunnerMetrics:
                 kind, alive = "proxy" if span.proxy else "full", max(0.0, span.end - span.start)
                 self.engine_seconds.labels(kind).inc(alive)
                 self.gpu_seconds.labels(kind).inc(alive * self.gpus)
-            self._last_error.pop(event.run_id, None)
             for key in [key for key in self._stage_started if key[0] == event.run_id]:
                 del self._stage_started[key]
 

@@ -162,3 +162,21 @@ async def test_a_taken_metrics_port_stops_the_start_with_one_line(tmp_path: Path
         with pytest.raises(DaemonStartError, match=rf"^cannot listen on 127\.0\.0\.1:{port}: "):
             await daemon.start()
         await daemon.stop("test finished", grace_s=0)
+
+
+def test_a_first_error_update_is_not_counted_again_and_a_relaunchs_same_error_is(tmp_path: Path) -> None:
+    """The wire's FirstError.update says an error restates one counted already (a later OOM made it secondary);
+    a relaunch that fails the same way is a new first error, counted."""
+    from prometheus_client import generate_latest
+
+    from runner.metrics import RunnerMetrics
+
+    metrics = RunnerMetrics("r", "c", "sim", tmp_path / "journal.db", lambda: 0)
+    error = pb.FirstError(phase=pb.PHASE_GPU_DETECT, category=pb.ERROR_CATEGORY_NCCL_COMM, line="x", signature="s")
+    update = pb.FirstError()
+    update.CopyFrom(error)
+    update.secondary_oom, update.update = True, True
+    for seq, payload in enumerate((error, update, error), start=1):
+        metrics.observe(pb.RunEvent(run_id="r1", seq=seq, first_error=payload))
+    samples = _samples(generate_latest(metrics.registry).decode())
+    assert _value(samples, "k3repro_runner_first_errors_total", phase="gpu_detect", category="nccl_comm") == 2.0
