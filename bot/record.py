@@ -286,11 +286,13 @@ class RunRecord:
     def _first_error(self, error: FirstError) -> FirstError:
         """A stage's first error is the one that counts (relaunches repeat it); an update (the wire's flag: an
         OOM seen after it makes it secondary) replaces the error it restates, and is no repeat."""
-        kept = self.first_errors.get(error.stage)
-        if error.update:
-            if kept is not None and kept.line == error.line:
-                self.first_errors[error.stage] = replace(error, repeat=kept.repeat)
+        if error.update:  # its launch may have outlived the stage that showed it (a failed engine kept running)
+            for stage, shown in reversed(self.first_errors.items()):
+                if (shown.line, shown.signature) == (error.line, error.signature):
+                    self.first_errors[stage] = replace(error, stage=stage, repeat=shown.repeat)
+                    break
             return error
+        kept = self.first_errors.get(error.stage)
         error = replace(error, repeat=error.signature in self.signatures)
         self.signatures.add(error.signature)
         if kept is None:

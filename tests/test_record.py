@@ -129,3 +129,22 @@ def test_the_live_stream_says_what_an_update_changes_instead_of_a_second_first_e
     assert any(block.get("block_id") == "first_error" for block in shown[1])
     assert len(shown[2]) == 1 and "an out-of-memory error followed it" in json.dumps(shown[2])
     assert "the same first error again" not in json.dumps(shown[2])
+
+
+def test_an_update_that_comes_in_a_later_stage_updates_the_stage_that_showed_the_error() -> None:
+    """A failed engine can outlive its stage: its OOM update then arrives while the next stage runs."""
+    updated = pb.FirstError()
+    updated.CopyFrom(NCCL)
+    updated.secondary_oom, updated.update = True, True
+    record = RunRecord.replay(
+        "r1",
+        _events(
+            {"stage_started": pb.StageStarted(stage=pb.STAGE_MINIMAL_LAUNCH)},
+            {"first_error": NCCL},
+            {"stage_started": pb.StageStarted(stage=pb.STAGE_SINGLE_REQUEST)},
+            {"first_error": updated},
+        ),
+    )
+    assert list(record.first_errors) == ["minimal_launch"]
+    kept = record.first_errors["minimal_launch"]
+    assert kept.secondary_oom and kept.stage == "minimal_launch" and not kept.repeat
