@@ -141,7 +141,11 @@ SHORTENED = {
 
 
 def fit(text: str, blocks: list[Block]) -> Message:
-    """Shortens what is too long for Slack; the message then says so and carries its full text for a file."""
+    """Shortens what is too long for Slack; the message then says so and carries its full text for a file (the
+    blocks' text is rendered only then: most messages fit as they are)."""
+    long = any(isinstance(block.get("text"), dict) and len(block["text"]["text"]) > MAX_SECTION for block in blocks)
+    if not long and _fits(blocks, MAX_BLOCKS, MAX_MESSAGE):
+        return Message(clip(text, 3000), blocks, "")
     full = "\n".join(text_lines(blocks))
     clipped = False
     for block in blocks:
