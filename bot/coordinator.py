@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from bot.answers import Cancelled
-from bot.config import BotConfig
+from bot.config import BotConfig, ClusterConfig
 from bot.consumer import EventCallback, LiveStream, ReconnectCallback, RunLost, RunRefused, accept, follow_run
 from bot.dispatcher import DispatchError, RunnerState, pick_runner, survey
 from bot.ids import new_run_id
@@ -66,6 +66,23 @@ class Coordinator:
         override the cluster's for this run (the runner still checks the image against its allowlist);
         `deployment_error` is the first error of the failing deployment's own log, which freeze records; `argv`
         and `fixed` the cluster's launch command and fixed request (a minimize run sends what its original sent)."""
+        cluster, launch_argv = self._cluster(cluster_name, argv)
+        runner = await self._runner(cluster)
+        request = await self._request(
+            cluster,
+            launch_argv,
+            requested_by,
+            profile=profile,
+            image=image,
+            deployment_error=deployment_error,
+            fixed=fixed,
+            minimize=minimize,
+        )
+        await self._reserve(request, runner.address, minimize)
+        return await self._ask(request, runner.address, via, place)
+
+    def _cluster(self, cluster_name: str, argv: list[str] | None) -> tuple[ClusterConfig, list[str]]:
+        """The cluster and the launch command the run is to use (`argv`, else the cluster's), refused if invalid."""
         try:
             cluster = self.config.cluster(cluster_name)
             launch_argv = list(argv if argv is not None else cluster.launch_argv)
@@ -74,20 +91,38 @@ class Coordinator:
             raise Refused(str(exc)) from None
         except LaunchCommandError as exc:
             raise Refused(f"cluster {cluster_name}: launch command: {exc}") from None
+        return cluster, launch_argv
+
+    async def _runner(self, cluster: ClusterConfig) -> RunnerState:
+        """The runner to ask, refused while the cluster has an active run (settled first: its follower may have
+        died) or when none of its runners can take the run."""
         active = await self.store.call(Store.active_run, cluster.name)
         if active is not None and (await self.settle(active)).status in ACTIVE:
             raise Refused(f"cluster {cluster.name} already has an active run: {active.id}")
         try:
-            runner = await pick_runner(self.config, cluster)
+            return await pick_runner(self.config, cluster)
         except DispatchError as exc:
             raise Refused(str(exc)) from None
+
+    async def _request(
+        self,
+        cluster: ClusterConfig,
+        launch_argv: list[str],
+        requested_by: str,
+        *,
+        profile: str,
+        image: str,
+        deployment_error: pb.FirstError | None,
+        fixed: pb.FixedRequest | None,
+        minimize: pb.Minimize | None,
+    ) -> pb.StartRunRequest:
+        """The new run's StartRun request: `start`'s overrides, else the cluster's, and the cluster's changes."""
         run_id = new_run_id()
-        image = image or cluster.image
         changes = await self.store.call(Store.changes, cluster.name)
-        request = pb.StartRunRequest(
+        return pb.StartRunRequest(
             run_id=run_id,
             cluster=cluster.name,
-            image=image,
+            image=image or cluster.image,
             launch_argv=launch_argv,
             request=fixed
             or pb.FixedRequest(
@@ -99,40 +134,50 @@ class Coordinator:
             deployment_error=deployment_error,
             minimize=minimize,
         )
+
+    async def _reserve(self, request: pb.StartRunRequest, runner: str, minimize: pb.Minimize | None) -> None:
+        """Stores the run's row, with what it asks for: the row reserves the cluster (one active run each) while
+        the runner is asked. Refused if another run reserved it since `_runner` looked."""
         asked = {
-            "argv": launch_argv,
+            "argv": list(request.launch_argv),
             "request": request.request.body_json,
             "api": request.request.api,
             "repeats": request.request.repeats,
             "profile": request.profile,
             **({"minimize_of": minimize.original_run_id} if minimize is not None else {}),
         }
-        try:  # the row reserves the cluster (one active run each) while the runner is asked
+        try:
             await self.store.call(
                 Store.create_run,
-                run_id,
-                cluster.name,
-                runner=runner.address,
-                requested_by=requested_by,
-                image=image,
+                request.run_id,
+                request.cluster,
+                runner=runner,
+                requested_by=request.requested_by,
+                image=request.image,
                 request_json=json.dumps(asked),
             )
         except ActiveRunExists as exc:
-            raise Refused(f"cluster {cluster.name} already has an active run: {exc.run_id}") from None
+            raise Refused(f"cluster {request.cluster} already has an active run: {exc.run_id}") from None
+
+    async def _ask(self, request: pb.StartRunRequest, runner: str, via: str, place: str) -> StartedRun:
+        """Sends the reserved run to its runner. A refusal or failure discards the row (a refusal is audited);
+        once accepted, any failure closes the stream `accept` returned, which no one will follow."""
         try:
-            first, live = await accept(self.config, runner.address, request)
+            first, live = await accept(self.config, runner, request)
         except BaseException as exc:
-            await self.store.call(Store.discard_run, run_id)
+            await self.store.call(Store.discard_run, request.run_id)
             if isinstance(exc, RunRefused):
-                await self.store.call(Store.audit, requested_by, "start refused", cluster.name, str(exc), via, place)
-                raise Refused(str(exc)) from None
+                why = str(exc)
+                await self.store.call(
+                    Store.audit, request.requested_by, "start refused", request.cluster, why, via, place
+                )
+                raise Refused(why) from None
             raise
-        started = StartedRun(run_id, runner.address, request, first, live)
+        started = StartedRun(request.run_id, runner, request, first, live)
         try:
             await self.store.call(Store.add_event, first)
-            await self.store.call(
-                Store.audit, requested_by, "start", cluster.name, f"run {run_id} on {runner.address}", via, place
-            )
+            what = f"run {request.run_id} on {runner}"
+            await self.store.call(Store.audit, request.requested_by, "start", request.cluster, what, via, place)
         except BaseException:
             await started.abandon()
             raise
