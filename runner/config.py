@@ -178,59 +178,10 @@ def load_runner_config(path: Path) -> RunnerConfig:
 def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> RunnerConfig:
     """Builds the config; relative paths are taken from the config file's folder. Unknown keys are refused
     first, in every table, before any value is read."""
-    reader = strict(data, RUNNER_KEYS[""], origin)
-    tls_reader = strict(reader.table("tls"), RUNNER_KEYS["tls"], origin, "tls")
-    engine_reader = strict(reader.table("engine"), RUNNER_KEYS["engine"], origin, "engine")
-    sim_reader = strict(engine_reader.table("sim"), RUNNER_KEYS["engine.sim"], origin, "engine.sim")
-    docker_reader = strict(engine_reader.table("docker"), RUNNER_KEYS["engine.docker"], origin, "engine.docker")
-    kube_reader = strict(
-        engine_reader.table("kubernetes"), RUNNER_KEYS["engine.kubernetes"], origin, "engine.kubernetes"
-    )
-    metrics_reader = strict(reader.table("metrics"), RUNNER_KEYS["metrics"], origin, "metrics")
-    tls = None
-    if tls_reader.data:
-        ca = tls_reader.text("client_ca", "")
-        tls = TlsFiles(
-            cert=base / tls_reader.text("cert"),
-            key=base / tls_reader.text("key"),
-            client_ca=base / ca if ca else None,
-        )
-    docker_env = docker_reader.table("env")
-    if not all(isinstance(v, str) for v in docker_env.values()):
-        raise ConfigError(f"{origin} [engine.docker]: 'env' values must be strings")
-    backend = engine_reader.text("backend", "process")
-    if backend not in BACKENDS:
-        raise ConfigError(f"{origin} [engine]: backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    scenario = sim_reader.text("scenario", "")
-    if scenario:  # resolved and read now: a broken scenario is refused here, not at every launch
-        scenario = engine_plugin("sim").scenario(scenario, base)
-    defaults = EngineConfig()
-    # Only the process backend runs programs of this host: the others keep the list unresolved (a docker or sim
-    # host need not have vllm installed).
-    executables = _executables(engine_reader, base) if backend == "process" else ()
-    if backend != "process":
-        engine_reader.texts("executables")  # still a list of strings
-    engine = EngineConfig(
-        backend=backend,
-        launch_host=engine_reader.text("launch_host", defaults.launch_host),
-        ready_timeout_s=engine_reader.number("ready_timeout_s", defaults.ready_timeout_s),
-        stall_timeout_s=engine_reader.number("stall_timeout_s", defaults.stall_timeout_s),
-        request_timeout_s=engine_reader.number("request_timeout_s", defaults.request_timeout_s),
-        stop_grace_s=engine_reader.number("stop_grace_s", defaults.stop_grace_s),
-        failure_attempts=_whole(engine_reader, "failure_attempts", defaults.failure_attempts),
-        foreign_memory_wait_s=engine_reader.number("foreign_memory_wait_s", defaults.foreign_memory_wait_s),
-        reuse_server=engine_reader.flag("reuse_server", defaults.reuse_server),
-        proxies=engine_reader.flag("proxies", defaults.proxies),
-        sim_scenario=scenario,
-        sim_speed=sim_reader.number("speed", defaults.sim_speed),
-        docker=DockerSettings(
-            gpus=docker_reader.flag("gpus", True),
-            volumes=tuple(docker_reader.texts("volumes")),
-            env=tuple(sorted(docker_env.items())),
-        ),
-        kubernetes=_kubernetes(kube_reader, base),
-        executables=executables,
-    )
+    tables = _tables(data, origin)
+    reader = tables[""]
+    tls = _tls(tables["tls"], base)
+    engine = _engine(tables, base, origin)
     _check_ranges(engine, f"{origin} [engine]")
     config = RunnerConfig(
         name=reader.text("name", "") or socket.gethostname(),
@@ -245,7 +196,7 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
         request_bodies=reader.text("request_bodies", "text"),
         tls=tls,
         engine=engine,
-        metrics_listen=metrics_reader.text("listen", ""),
+        metrics_listen=tables["metrics"].text("listen", ""),
         insecure=reader.flag("insecure", False),
         retention=read_retention(reader),
     )
@@ -255,6 +206,63 @@ def parse_runner_config(data: dict[str, Any], *, base: Path, origin: str) -> Run
         raise ConfigError(f"{origin}: allowed_images is empty; list the image patterns this runner may launch")
     _check_runner(config, origin)
     return config
+
+
+def _tables(data: dict[str, Any], origin: str) -> dict[str, TomlReader]:
+    """A reader for each table of RUNNER_KEYS, by its dotted name; each refuses the keys its table may not hold."""
+    tables = {"": strict(data, RUNNER_KEYS[""], origin)}
+    for name in ("tls", "engine", "engine.sim", "engine.docker", "engine.kubernetes", "metrics"):
+        parent, _, key = name.rpartition(".")
+        tables[name] = strict(tables[parent].table(key), RUNNER_KEYS[name], origin, name)
+    return tables
+
+
+def _tls(reader: TomlReader, base: Path) -> TlsFiles | None:
+    if not reader.data:
+        return None
+    ca = reader.text("client_ca", "")
+    return TlsFiles(cert=base / reader.text("cert"), key=base / reader.text("key"), client_ca=base / ca if ca else None)
+
+
+def _engine(tables: dict[str, TomlReader], base: Path, origin: str) -> EngineConfig:
+    """[engine] and its backends' tables; only the chosen backend's programs and scenario are resolved."""
+    reader, sim, docker = tables["engine"], tables["engine.sim"], tables["engine.docker"]
+    docker_env = docker.table("env")
+    if not all(isinstance(v, str) for v in docker_env.values()):
+        raise ConfigError(f"{origin} [engine.docker]: 'env' values must be strings")
+    backend = reader.text("backend", "process")
+    if backend not in BACKENDS:
+        raise ConfigError(f"{origin} [engine]: backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    scenario = sim.text("scenario", "")
+    if scenario:  # resolved and read now: a broken scenario is refused here, not at every launch
+        scenario = engine_plugin("sim").scenario(scenario, base)
+    defaults = EngineConfig()
+    # Only the process backend runs programs of this host: the others keep the list unresolved (a docker or sim
+    # host need not have vllm installed).
+    executables = _executables(reader, base) if backend == "process" else ()
+    if backend != "process":
+        reader.texts("executables")  # still a list of strings
+    return EngineConfig(
+        backend=backend,
+        launch_host=reader.text("launch_host", defaults.launch_host),
+        ready_timeout_s=reader.number("ready_timeout_s", defaults.ready_timeout_s),
+        stall_timeout_s=reader.number("stall_timeout_s", defaults.stall_timeout_s),
+        request_timeout_s=reader.number("request_timeout_s", defaults.request_timeout_s),
+        stop_grace_s=reader.number("stop_grace_s", defaults.stop_grace_s),
+        failure_attempts=_whole(reader, "failure_attempts", defaults.failure_attempts),
+        foreign_memory_wait_s=reader.number("foreign_memory_wait_s", defaults.foreign_memory_wait_s),
+        reuse_server=reader.flag("reuse_server", defaults.reuse_server),
+        proxies=reader.flag("proxies", defaults.proxies),
+        sim_scenario=scenario,
+        sim_speed=sim.number("speed", defaults.sim_speed),
+        docker=DockerSettings(
+            gpus=docker.flag("gpus", True),
+            volumes=tuple(docker.texts("volumes")),
+            env=tuple(sorted(docker_env.items())),
+        ),
+        kubernetes=_kubernetes(tables["engine.kubernetes"], base),
+        executables=executables,
+    )
 
 
 def _kubernetes(reader: TomlReader, base: Path) -> KubernetesSettings:
