@@ -141,39 +141,60 @@ def _value(value: Any) -> str:
 
 
 def _environment(run: Run, scene: dict[str, Any]) -> list[str]:
-    host, nvml = scene.get("host") or {}, scene.get("nvml") or {}
+    """The report's environment block, laid out like the output of vLLM's collect_env."""
     runtime, image = scene.get("runtime") or {}, scene.get("image") or {}
-    smi = runtime.get("container_nvidia_smi") or {}
-    compat = runtime.get("cuda_compat") or {}
     lines = [
-        "==============================",
-        "        System Info (host)",
-        "==============================",
+        *_host(scene.get("host") or {}),
+        "",
+        *_gpus(scene.get("nvml") or {}),
+        "",
+        *_inside_image(runtime),
+        "",
+        *_image(run, scene, image),
+        "",
+        *_variables(scene.get("env") or {}, image.get("env") or {}),
+        *_caches((scene.get("caches") or {}).get("caches") or []),
+    ]
+    if not scene:
+        lines.append("(the run recorded no scene: it ended before freeze)")
+    return lines
+
+
+def _banner(title: str) -> list[str]:
+    return ["==============================", title, "=============================="]
+
+
+def _host(host: dict[str, Any]) -> list[str]:
+    return [
+        *_banner("        System Info (host)"),
         f"Hostname                     : {_value(host.get('hostname'))}",
         f"OS                           : {_value(host.get('os'))} ({_value(host.get('arch'))})",
         f"Kernel                       : {_value(host.get('kernel'))}",
-        "",
-        "==============================",
-        "   GPU / driver (host, NVML)",
-        "==============================",
     ]
-    if nvml.get("available"):
-        lines += [
-            f"Nvidia driver version        : {_value(nvml.get('driver_version'))}",
-            f"CUDA driver ceiling          : {_value(nvml.get('cuda_driver_version'))}",
-            f"GPU count                    : {_value(nvml.get('gpu_count'))}",
-        ]
-        for gpu in nvml.get("gpus") or []:
-            if isinstance(gpu, dict):
-                memory = f", {gpu['memory_total_mib']} MiB" if gpu.get("memory_total_mib") else ""
-                lines.append(f"GPU {gpu.get('index', '?')}                        : {gpu.get('name')}{memory}")
-    else:
-        lines.append(f"NVML                         : unavailable ({_value(nvml.get('error'))})")
+
+
+def _gpus(nvml: dict[str, Any]) -> list[str]:
+    lines = _banner("   GPU / driver (host, NVML)")
+    if not nvml.get("available"):
+        return [*lines, f"NVML                         : unavailable ({_value(nvml.get('error'))})"]
     lines += [
-        "",
-        "==============================",
-        f"  Inside the image ({_value(runtime.get('source'))} probe, as loaded)",
-        "==============================",
+        f"Nvidia driver version        : {_value(nvml.get('driver_version'))}",
+        f"CUDA driver ceiling          : {_value(nvml.get('cuda_driver_version'))}",
+        f"GPU count                    : {_value(nvml.get('gpu_count'))}",
+    ]
+    for gpu in nvml.get("gpus") or []:
+        if isinstance(gpu, dict):
+            memory = f", {gpu['memory_total_mib']} MiB" if gpu.get("memory_total_mib") else ""
+            lines.append(f"GPU {gpu.get('index', '?')}                        : {gpu.get('name')}{memory}")
+    return lines
+
+
+def _inside_image(runtime: dict[str, Any]) -> list[str]:
+    """What the runtime probe found inside the image, as the run loaded it."""
+    smi = runtime.get("container_nvidia_smi") or {}
+    compat = runtime.get("cuda_compat") or {}
+    return [
+        *_banner(f"  Inside the image ({_value(runtime.get('source'))} probe, as loaded)"),
         f"Python version               : {_value(runtime.get('python'))}",
         f"vLLM version                 : {_value(runtime.get('vllm'))}",
         f"PyTorch version              : {_value(runtime.get('torch'))}",
@@ -188,32 +209,35 @@ def _environment(run: Run, scene: dict[str, Any]) -> list[str]:
             if smi.get("available")
             else f"unavailable ({_value(smi.get('error') or runtime.get('error'))})"
         ),
-        "",
-        "==============================",
-        "            Image",
-        "==============================",
+    ]
+
+
+def _image(run: Run, scene: dict[str, Any], image: dict[str, Any]) -> list[str]:
+    return [
+        *_banner("            Image"),
         f"Image ref                    : {_value(image.get('ref') or run.image)}",
         f"Image digest                 : {_value(image_digest(scene))}",
         f"Image id                     : {_value(image.get('id'))}",
         f"Scene sha256                 : {_value(scene.get('sha256'))}",
-        "",
-        "==============================",
-        "     Environment Variables",
-        "==============================",
     ]
-    env = scene.get("env") or {}
-    image_env = image.get("env") or {}
+
+
+def _variables(env: dict[str, Any], image_env: dict[str, Any]) -> list[str]:
+    """The variables the host set for the run, then those the image itself sets."""
+    lines = _banner("     Environment Variables")
     lines += [f"{k}={v}" for k, v in sorted(env.items())] or ["(none recorded on the host)"]
     if image_env:
         lines += ["# set by the image:", *(f"{k}={v}" for k, v in sorted(image_env.items()))]
-    caches = (scene.get("caches") or {}).get("caches") or []
-    if caches:
-        lines += ["", "==============================", "   Caches (host paths)", "=============================="]
-        for cache in caches:
-            if isinstance(cache, dict):
-                lines.append(f"{cache.get('name', '?'):<29}: {_cache_line(cache)}")
-    if not scene:
-        lines.append("(the run recorded no scene: it ended before freeze)")
+    return lines
+
+
+def _caches(caches: list[Any]) -> list[str]:
+    if not caches:
+        return []
+    lines = ["", *_banner("   Caches (host paths)")]
+    for cache in caches:
+        if isinstance(cache, dict):
+            lines.append(f"{cache.get('name', '?'):<29}: {_cache_line(cache)}")
     return lines
 
 
