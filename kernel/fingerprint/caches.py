@@ -18,7 +18,7 @@ import re
 import stat
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
@@ -106,55 +106,74 @@ def survey(path: str, *, max_entries: int = MAX_ENTRIES, max_seconds: float = MA
     if not stat.S_ISDIR(top.st_mode):
         kind = "a symlink" if stat.S_ISLNK(top.st_mode) else "not a directory"
         return {**result, "exists": True, "error": f"{kind}; not walked"}
-    index = hashlib.sha256()
-    size = entries = 0
-    newest = 0.0
-    truncated: str | None = None
-    unreadable = 0
-    deadline = time.monotonic() + max_seconds
-    pending = [""]  # relative folders still to list, walked depth-first in sorted order
-    while pending and truncated is None:
+    walk = _walk(path, max_entries, time.monotonic() + max_seconds)
+    newest = datetime.fromtimestamp(walk.newest, UTC).isoformat(timespec="seconds") if walk.entries else None
+    return {
+        **result,
+        "exists": True,
+        "size_bytes": walk.size,
+        "entries": walk.entries,
+        "newest_mtime": newest,
+        "index_sha256": walk.index.hexdigest(),
+        "truncated": walk.truncated,
+        "error": f"{walk.unreadable} folder(s) or entries could not be read" if walk.unreadable else None,
+    }
+
+
+@dataclass
+class _Walk:
+    """What a walk counted so far; `index` hashes each entry's relative path (and a file's size) in walk order."""
+
+    index: hashlib._Hash = field(default_factory=hashlib.sha256)
+    size: int = 0
+    entries: int = 0
+    newest: float = 0.0
+    unreadable: int = 0
+    truncated: str | None = None  # "entries" / "time" when the walk stopped at its cap
+
+    def count(self, relative: str, info: os.stat_result) -> bool:
+        """Counts one entry; True for a folder (to walk next), whose size is not counted."""
+        self.entries += 1
+        self.newest = max(self.newest, info.st_mtime)
+        if stat.S_ISDIR(info.st_mode):
+            self.index.update(f"{relative}/\n".encode("utf-8", "surrogateescape"))
+            return True
+        length = info.st_size if stat.S_ISREG(info.st_mode) else 0
+        self.size += length
+        self.index.update(f"{relative}\t{length}\n".encode("utf-8", "surrogateescape"))
+        return False
+
+
+def _walk(path: str, max_entries: int, deadline: float) -> _Walk:
+    """Walks the folder depth-first in sorted order without following symlinks, until a cap stops it."""
+    walk = _Walk()
+    pending = [""]  # relative folders still to list
+    while pending and walk.truncated is None:
         folder = pending.pop()
         try:
             with os.scandir(os.path.join(path, folder)) as listing:
                 found = sorted(listing, key=lambda e: e.name)
         except OSError:
-            unreadable += 1
+            walk.unreadable += 1
             continue
         below = []
         for entry in found:
-            if entries >= max_entries:
-                truncated = "entries"
+            if walk.entries >= max_entries:
+                walk.truncated = "entries"
                 break
             if time.monotonic() > deadline:
-                truncated = "time"
+                walk.truncated = "time"
                 break
             relative = f"{folder}/{entry.name}" if folder else entry.name
             try:
                 info = entry.stat(follow_symlinks=False)
             except OSError:
-                unreadable += 1
+                walk.unreadable += 1
                 continue
-            entries += 1
-            newest = max(newest, info.st_mtime)
-            if stat.S_ISDIR(info.st_mode):
+            if walk.count(relative, info):
                 below.append(relative)
-                index.update(f"{relative}/\n".encode("utf-8", "surrogateescape"))
-                continue
-            length = info.st_size if stat.S_ISREG(info.st_mode) else 0
-            size += length
-            index.update(f"{relative}\t{length}\n".encode("utf-8", "surrogateescape"))
         pending.extend(reversed(below))
-    return {
-        **result,
-        "exists": True,
-        "size_bytes": size,
-        "entries": entries,
-        "newest_mtime": datetime.fromtimestamp(newest, UTC).isoformat(timespec="seconds") if entries else None,
-        "index_sha256": index.hexdigest(),
-        "truncated": truncated,
-        "error": f"{unreadable} folder(s) or entries could not be read" if unreadable else None,
-    }
+    return walk
 
 
 def caches_section(environ: Mapping[str, str], redact: Redactor, *, image: bool = False) -> dict[str, Any]:
