@@ -25,7 +25,8 @@ LABELS = [json.loads(line) for line in (EXCERPTS / "labels.jsonl").read_text(enc
 # sight 19/16/19, after the rules 20/20/20. Batch 4, 20 logs: first sight 18/18/18, after the rules 20/20/20. Batch 5
 # (f01-f20), 20 logs: first sight 14/13/17, after the rules 19/19/17. Batch 6 (g01-g20), 20 logs: first sight
 # 15/13/17, after the rules 19/18/19. Batch 7 (h01-h23), 23 logs: first sight 17/19/21, after the rules 22/23/23
-# (the batch-7 rules also raised batch 2 to 26/27/26, batch 5 to 20/20/18 and batch 6 to 20/19/20).
+# (the batch-7 rules also raised batch 2 to 26/27/26, batch 5 to 20/20/18 and batch 6 to 20/19/20). Batch 8
+# (i01-i22), 22 logs: first sight 17/17/20, after the label review 18/18/20, after the rules 22/22/22.
 BATCHES = {
     ("e01.log", "e22.log"): {"phase": 21, "category": 22, "first_error_line": 22},
     ("e23.log", "e49.log"): {"phase": 26, "category": 27, "first_error_line": 26},
@@ -34,7 +35,7 @@ BATCHES = {
     ("f01.log", "f20.log"): {"phase": 20, "category": 20, "first_error_line": 18},
     ("g01.log", "g20.log"): {"phase": 20, "category": 19, "first_error_line": 20},
     ("h01.log", "h23.log"): {"phase": 22, "category": 23, "first_error_line": 23},
-    ("i01.log", "i22.log"): {"phase": 18, "category": 18, "first_error_line": 20},
+    ("i01.log", "i22.log"): {"phase": 22, "category": 22, "first_error_line": 22},
 }
 
 

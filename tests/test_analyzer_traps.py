@@ -589,3 +589,55 @@ def test_a_paste_that_joined_its_lines_is_read_line_by_line(tmp_path: Path) -> N
     parser = LineParser(default_rules().line)
     assert len(parser.lines(ROOT_TB[-1])) == 1
     assert len(parser.lines(f"{CORE_ERR}{CORE_ERR}x")) == 1
+
+
+def test_a_warned_root_cause_is_the_error_only_when_a_later_error_follows(tmp_path: Path) -> None:
+    # vLLM warns that its CUDA kernels cannot load (no driver in the container) and runs on; what fails next
+    # (here the CLI's parser) follows from it. A log where nothing fails after the warning stays healthy.
+    warning = (
+        "kserve-container WARNING 09-02 06:44:03 [_custom_ops.py:20] Failed to import from vllm._C with "
+        "ImportError('libcuda.so.1: cannot open shared object file: No such file or directory')"
+    )
+    later = traceback("kserve-container ", ["make_arg_parser"], "RuntimeError: Device string must not be empty")
+    log = tmp_path / "warned.log"
+    log.write_text("\n".join([warning, *later]) + "\n", encoding="utf-8")
+    for result in (analyze_text("\n".join([warning, *later])), analyze_path(log)):
+        error = result.first_error
+        assert error is not None and error.line == warning
+        assert (error.phase, error.category) == ("gpu_detect", "driver_cuda_init")
+    assert analyze_text("\n".join([warning, *STARTUP])).first_error is None
+
+
+def test_a_ray_task_s_cut_traceback_is_named_by_its_task_line_and_a_trainer_s_weight_sync_is_serving() -> None:
+    actor = "(LLMRayActor pid=21921, ip=10.39.1.20) "
+    lines = [
+        f"{actor}Unhandled error (suppress with 'RAY_IGNORE_UNHANDLED_ERRORS=1'): ray::RayWorkerWrapper.execute_method()"
+        " (pid=22065, ip=10.39.1.20, actor_id=35de96, repr=<vllm.executor.ray_utils.RayWorkerWrapper object>)",
+        f'{actor}  File "/env/lib/python3.10/site-packages/vllm/worker/worker_base.py", line 566, in execute_method'
+        " [repeated 14x across cluster]",
+        f"{actor}    raise e [repeated 7x across cluster]",
+        f'{actor}  File "/repo/openrlhf/trainer/ray/vllm_worker_wrap.py", line 23, in init_process_group'
+        " [repeated 7x across cluster]",
+    ]
+    error = analyze_text("\n".join(lines)).first_error
+    assert error is not None and error.line == lines[0]
+    assert (error.phase, error.category) == ("request", "nccl_comm")
+
+
+def test_a_terminal_s_hard_wrap_is_read_as_the_lines_it_cut() -> None:
+    # Copied from an 80-column terminal: a frame line and the exception line continue on unprefixed lines.
+    api = "(APIServer pid=1068) "
+    full = [
+        f"{api}Traceback (most recent call last):",
+        f'{api}  File "/app/.local/lib/python3.12/site-packages/vllm/engine/arg_utils.py", line 2224, in create_engine_config',
+        f"{api}    config = VllmConfig(",
+        f"{api}pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig",
+    ]
+    wrapped = []
+    for line in full:
+        chunks = [line[i : i + 80].rstrip(" ") for i in range(0, len(line), 80)]
+        wrapped += chunks
+    assert len(wrapped) > len(full)
+    error = analyze_text("\n".join(wrapped)).first_error
+    assert error is not None and error.line == wrapped[-2]
+    assert (error.phase, error.category) == ("gpu_detect", "model_config")

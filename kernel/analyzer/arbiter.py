@@ -45,6 +45,7 @@ class Arbiter:
         self.best: Candidate | None = None  # earliest certain strong candidate
         self.weak: list[Candidate] = []
         self.wrapper: Candidate | None = None
+        self.warned: Candidate | None = None  # the first root cause logged as a warning (rules' `warned`)
         self.first_error: ErrorFinding | None = None
         self.emitted: Candidate | None = None
         self.last_oom_line = 0
@@ -183,6 +184,8 @@ class Arbiter:
         """The earliest certain candidate as the first error, unless an earlier one is open or (before `force`)
         a line right after it may still say where the run was (EngineDeadError right after a serving failure)."""
         best = self.best
+        if best is not None and self.warned is not None and self.warned.line_no < best.line_no:
+            best = self.best = self.warned  # a later error followed the warning: it was the root cause
         if best is None or any(c.line_no < best.line_no for c in self.open):
             return None
         placed = self._placer.placed(best)
@@ -299,6 +302,17 @@ class ErrorLines:
             # indentation), so they can place the error too.
             self._frames.read(st, msg)
             st.header = self.candidate(st, ll, WEAK, None)
+
+    def warned(self, st: Stream, ll: LogLine) -> None:
+        """A warning line: a root cause when a `warned` rule names it and a later error follows (Arbiter.emit)."""
+        arbiter = self._arbiter
+        if arbiter.first_error is not None or arbiter.warned is not None:
+            return
+        rule = self._classifier.match(ll.msg)
+        if rule is not None and rule.warned:
+            arbiter.warned = self.candidate(st, ll, RULE, rule)
+            if rule.phase_fixed:
+                self._phases.evidence(rule.phase)
 
     def _named(self, st: Stream, ll: LogLine, rule: ErrorRule) -> None:
         """A line outside a traceback that a rule names."""

@@ -44,6 +44,8 @@ class LineSyntax:
     relogged: re.Pattern[str] | None = None
     # Where another logged line starts inside a line (a paste that lost its line ends): the line is read as those.
     joined: re.Pattern[str] | None = None
+    # Levels of warnings: a rule marked `warned` names a root cause among their lines too.
+    warning_levels: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,9 @@ class TracebackSyntax:
     max_message_lines: int
     max_wait_lines: int
     header_wait_lines: int
+    # A traceback's first line that names what failed (Ray's task line): a traceback cut before its exception
+    # line is named by it, as by a logged header.
+    titled: re.Pattern[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,9 @@ class ErrorRule:
     # A continuation line of the message that names the cause (pydantic's `Value error, ...`): it joins the
     # signature, so that two errors of one class with different causes do not compare equal.
     cause_follows: re.Pattern[str] | None = None
+    # A root cause vLLM logs as a warning and runs on from (its libraries failing to load): the first error
+    # when a later error follows it, nothing in a log where none does.
+    warned: bool = False
 
 
 @dataclass(frozen=True)
@@ -151,6 +159,8 @@ class Rules:
     frame_gate: re.Pattern[str]
     context_frame_gate: re.Pattern[str]  # the contexts' frames
     scan: ScanSyntax | None  # None when some pattern has no literal: whole-file analysis reads every line
+    # The rules marked `warned`: a line at a warning level that one names is read as an error line would be.
+    warned_gate: re.Pattern[str] | None
     # Evidence of the phase in an error's own lines when no marker, frame or module places it ([defaults]).
     request_evidence: re.Pattern[str] | None = None
     serving_seq: int = 100
@@ -292,6 +302,7 @@ def parse_rules(data: Mapping[str, Any], origin: str = "rules.toml") -> Rules:
         suffixes=tuple(_compile(p, "line.suffixes") for p in line.texts("suffixes")),
         headers=tuple(_compile(p, "line.headers") for p in line.texts("headers")),
         error_levels=frozenset(line.texts("error_levels")),
+        warning_levels=frozenset(line.texts("warning_levels")) if "warning_levels" in line.data else frozenset(),
         code=line.regex("code"),
         quoted=line.regex("quoted") if "quoted" in line.data else None,
         relogged=line.regex("relogged") if "relogged" in line.data else None,
@@ -307,6 +318,7 @@ def parse_rules(data: Mapping[str, Any], origin: str = "rules.toml") -> Rules:
         max_message_lines=tb.integer("max_message_lines"),
         max_wait_lines=tb.integer("max_wait_lines"),
         header_wait_lines=tb.integer("header_wait_lines"),
+        titled=tb.regex("titled") if "titled" in tb.data else None,
     )
     defaults = top.table("defaults")
     markers = tuple(
@@ -377,6 +389,9 @@ def parse_rules(data: Mapping[str, Any], origin: str = "rules.toml") -> Rules:
         frame_gate=gate((h.pattern for h in frame_hints), "frame gate"),
         context_frame_gate=gate((c.frames for c in contexts if c.frames), "context frame gate"),
         scan=scan,
+        warned_gate=gate((r.pattern for r in rules if r.warned), "warned gate")
+        if any(r.warned for r in rules)
+        else None,
         request_evidence=(
             _compile(defaults.text("request_evidence"), "defaults.request_evidence")
             if "request_evidence" in defaults.data
@@ -441,6 +456,7 @@ def _rule(table: _Table) -> ErrorRule:
         hint=hint,
         examples=tuple(table.texts("examples")),
         cause_follows=table.regex("cause_follows") if "cause_follows" in table.data else None,
+        warned=table.flag("warned"),
     )
 
 

@@ -32,7 +32,7 @@ from typing import BinaryIO, cast
 
 from kernel.analyzer.lines import LineParser, LogLine
 from kernel.analyzer.needles import cache_dir, needles, needles_of, superset_expression
-from kernel.analyzer.rules import LineSyntax, Rules
+from kernel.analyzer.rules import Rules
 from kernel.analyzer.stream import CONTEXT_BEFORE, ErrorFinding, StreamAnalyzer, Watch
 
 try:
@@ -387,7 +387,7 @@ def _analyze(
                 # them, found nothing up to its end): no needle that counts in any line.
                 any_line = bool(watch.any_line) and finder.literal
                 read = hit >= 0 and _counts(
-                    buf, line_start, buf.index(b"\n", hit), watch, any_line, finder, parser, rules.line
+                    buf, line_start, buf.index(b"\n", hit), watch, any_line, finder, parser, rules
                 )
                 target = line_start if read or hit < 0 else buf.index(b"\n", hit) + 1
                 if read and (holding or held_from >= 0) and analyzer.first_error is None:
@@ -475,15 +475,19 @@ def _counts(
     any_line: bool,
     finder: _Finder,
     parser: LineParser,
-    syntax: LineSyntax,
+    rules: Rules,
 ) -> bool:
     """Whether the line buf[start:end], which has a needle, must be read: it has a needle that counts in
     any line (looked for when any_line), or it is logged at an error level or not logged (an INFO line
-    quoting an error does not)."""
+    quoting an error does not), or it is a warning that a `warned` rule names."""
     if any_line and finder.find(_database(watch.any_line), buf, start, end + 1) >= 0:
         return True
-    level = parser.parse(_decode(buf, start, end, 4 * syntax.max_chars + 4, syntax.max_chars)).level
-    return level is None or level in syntax.error_levels
+    syntax = rules.line
+    line = parser.parse(_decode(buf, start, end, 4 * syntax.max_chars + 4, syntax.max_chars))
+    if line.level is None or line.level in syntax.error_levels:
+        return True
+    warned = rules.warned_gate
+    return line.level in syntax.warning_levels and warned is not None and warned.search(line.msg) is not None
 
 
 def _offset_of(stream: BinaryIO, start: int, line_no: int, long_line: int) -> int:

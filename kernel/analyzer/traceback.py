@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TypeVar
 
-from kernel.analyzer.candidates import Candidate, Cursor
+from kernel.analyzer.candidates import WEAK, Candidate, Cursor
 from kernel.analyzer.findings import ErrorFinding, PhaseFinding
 from kernel.analyzer.lines import LogLine
 from kernel.analyzer.phases import PhaseTracker
@@ -23,6 +23,10 @@ IDLE, FRAMES, MESSAGE = 0, 1, 2
 CONTEXT_BEFORE = 3  # lines of the same stream kept before an error
 _CONTEXT_AFTER = 3  # message lines kept after it while it is still uncertain
 _MAX_STREAMS = 512  # streams are keyed by pid; old ones are forgotten past this many
+# A terminal's hard wrap (a paste copied from a terminal as it showed the log): a line at least this wide, cut at
+# the width of the widest of the last few lines, continues on the next line, which has no prefix of its own.
+_WRAP_MIN_WIDTH = 72
+_WRAP_RECENT = 8
 
 
 @dataclass(slots=True)
@@ -165,6 +169,8 @@ class TracebackTracker:
         self._tb = rules.traceback
         self._code = rules.line.code
         self._error_levels = rules.line.error_levels
+        self._warning_levels = rules.line.warning_levels
+        self._warned = rules.warned_gate
         self._cursor = cursor
         self._phases = phases
         self._arbiter = arbiter
@@ -173,6 +179,8 @@ class TracebackTracker:
         self.streams: dict[tuple[str, str], Stream] = {}
         self._last_key_of_proc: dict[str, tuple[str, str]] = {}
         self._touched: dict[tuple[str, str], Stream] = {}  # streams that may be busy (see settled())
+        self._before: tuple[int, LogLine] | None = None  # the line read last and its number (see _unwrapped)
+        self._widths: deque[int] = deque(maxlen=_WRAP_RECENT)  # widths of the last lines read
 
     def settled(self, ok: Callable[[Stream], bool]) -> bool:
         """Whether every stream with lines since the last call passes `ok` (those that do are forgotten:
@@ -183,7 +191,39 @@ class TracebackTracker:
             del self._touched[key]
         return True
 
+    def _unwrapped(self, ll: LogLine) -> LogLine:
+        """A terminal's hard wrap undone: a line without prefix or header right after a prefixed line of a
+        traceback, message or logged error line that was cut at the wrap width continues it (the two read as one line of its stream).
+        A line one column short of the width lost the space it was cut at."""
+        before, self._before = self._before, (self._cursor.n, ll)
+        width = len(ll.display)
+        widest = max(self._widths, default=0)
+        self._widths.append(width)
+        if before is None or ll.proc or ll.level is not None or before[0] != self._cursor.n - 1:
+            return ll
+        prev = before[1]
+        prev_width = len(prev.display)
+        st = self.streams.get((prev.proc, prev.src))
+        if (
+            not prev.proc
+            or prev_width < _WRAP_MIN_WIDTH
+            or prev_width < widest - 1
+            or width > max(widest, prev_width)
+            or st is None
+            or (st.state == IDLE and st.header is None)
+            or ll.msg.startswith("  ")
+            or self._tb.start.match(ll.msg)
+            or self._tb.exception.match(ll.msg)
+        ):
+            return ll
+        rest = ll.msg.lstrip() if prev_width < max(widest, prev_width) else ll.msg
+        gap = " " if rest is not ll.msg else ""
+        joined = replace(prev, text=prev.text + gap + rest, msg=prev.msg + gap + rest)
+        self._before = (self._cursor.n, joined)
+        return joined
+
     def line(self, ll: LogLine, out: list[PhaseFinding | ErrorFinding]) -> None:
+        ll = self._unwrapped(ll)
         key = (ll.proc, ll.src)
         st = self.streams.get(key)
         if st is None:
@@ -199,6 +239,8 @@ class TracebackTracker:
             arbiter.end_message(st)
             arbiter.place(st)
             st.clear_frames()
+            if ll.level in self._warning_levels and self._warned is not None and self._warned.search(ll.msg):
+                self._intake.warned(st, ll)
             self._phases.quiet(ll, out)
         else:
             self._structure(st, ll, out, after_frame=after_frame, loose=loose, head=head)
@@ -244,6 +286,8 @@ class TracebackTracker:
             st.state = FRAMES
             st.clear_frames()
             st.cut_head = head
+            if head is None and tb.titled is not None and tb.titled.match(msg):
+                st.cut_head = self._intake.candidate(st, ll, WEAK, None)
         elif st.state == FRAMES and not msg.strip():
             pass  # a blank logged line inside a traceback's frames (a collector's or a logger's): not its end
         elif tb.chain.match(msg) or not msg.strip():
