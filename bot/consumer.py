@@ -149,8 +149,9 @@ async def _consume(
         heard()
         if event.WhichOneof("payload") == "heartbeat":
             continue
-        if await store.call(Store.add_event, event):
-            await on_event(event)
+        stored = await store.call(Store.add_event, event)
+        if stored is not None:  # redacted by the store: what Slack and the terminal show is what it keeps
+            await on_event(stored)
         if event.WhichOneof("payload") == "run_finished":
             await _record_finish(store, run_id, event.run_finished)
             return event.run_finished

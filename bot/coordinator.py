@@ -173,15 +173,15 @@ class Coordinator:
                 )
                 raise Refused(why) from None
             raise
-        started = StartedRun(request.run_id, runner, request, first, live)
-        try:
-            await self.store.call(Store.add_event, first)
+        try:  # the store gives the event back redacted: what the caller shows is what it keeps
+            stored = await self.store.call(Store.add_event, first)
+            first = stored if stored is not None else first
             what = f"run {request.run_id} on {runner}"
             await self.store.call(Store.audit, request.requested_by, "start", request.cluster, what, via, place)
         except BaseException:
-            await started.abandon()
+            await live.close()
             raise
-        return started
+        return StartedRun(request.run_id, runner, request, first, live)
 
     async def follow(
         self, started: StartedRun, on_event: EventCallback, on_reconnect: ReconnectCallback | None = None

@@ -79,7 +79,7 @@ def test_the_store_keeps_a_head_and_a_rolling_tail_of_log_and_every_seq(tmp_path
     store = Store(tmp_path / "k3.db", SMALL)
     store.create_run("r1", "a")
     _chatty(store.add_event, "r1")
-    assert store.add_event(_chunk("r1", 20)) is False  # a replayed seq is still refused once
+    assert store.add_event(_chunk("r1", 20)) is None  # a replayed seq is still refused once
     _check_capped(store.events("r1"))
     assert store.last_seq("r1") == 40
     reopened = Store(tmp_path / "k3.db", SMALL)  # the budget survives a restart

@@ -44,9 +44,9 @@ def test_a_store_from_before_migration_6_keeps_its_runs_and_one_running_run_per_
 def test_an_event_is_stored_once_per_run_and_seq(tmp_path: Path) -> None:
     store = Store(tmp_path / "k3.db")
     store.create_run("r1", "a")
-    assert store.add_event(_event("r1", 1)) is True
-    assert store.add_event(_event("r1", 1)) is False
-    assert store.add_event(_event("r1", 2)) is True
+    assert store.add_event(_event("r1", 1)) is not None
+    assert store.add_event(_event("r1", 1)) is None
+    assert store.add_event(_event("r1", 2)) is not None
     assert [e.seq for e in store.events("r1")] == [1, 2]
     assert store.last_seq("r1") == 2
     with pytest.raises(sqlite3.IntegrityError):  # the schema itself refuses duplicates
@@ -80,3 +80,32 @@ def test_runs_are_found_by_unique_prefix(tmp_path: Path) -> None:
 def test_run_ids_of_one_second_do_not_collide() -> None:
     ids = [new_run_id() for _ in range(2000)]
     assert len(set(ids)) == len(ids) and all(len(i.rsplit("-", 1)[1]) == 8 for i in ids)
+
+
+async def test_what_the_bot_shows_of_an_event_is_what_its_store_keeps_redacted(tmp_path: Path) -> None:
+    """A runner that let a secret through (an older or misconfigured one): the event the consumer hands to
+    Slack and the terminal is the store's redacted copy, not the one off the wire."""
+    from bot.consumer import _consume
+    from bot.store import AsyncStore
+
+    token = "hf_" + "aB3" * 10
+    leaked = pb.RunEvent(run_id="r1", seq=1, log_chunk=pb.LogChunk(source="engine", lines=[f"HF_TOKEN={token}"]))
+    finished = pb.RunEvent(run_id="r1", seq=2, run_finished=pb.RunFinished(status=pb.RUN_STATUS_COMPLETED))
+    store = AsyncStore(tmp_path / "k3.db")
+    await store.call(Store.create_run, "r1", "c", runner="127.0.0.1:1", requested_by="U1", image="i", request_json="{}")
+
+    async def events():  # type: ignore[no-untyped-def]
+        yield leaked
+        yield finished
+
+    shown: list[pb.RunEvent] = []
+
+    async def on_event(event: pb.RunEvent) -> None:
+        shown.append(event)
+
+    await _consume(store, "r1", events(), on_event, lambda: None)
+    stored = await store.call(Store.events, "r1")
+    store.close()
+    assert [event.seq for event in shown] == [1, 2]
+    assert token not in str(shown[0]) and token not in str(stored[0])
+    assert shown[0].log_chunk.lines == stored[0].log_chunk.lines

@@ -131,7 +131,7 @@ class RunTables(CappedLog, Tables):
         insert of its own otherwise)."""
         with self.db.atomic():
             self.db.table("runs").insert(redacted(asdict(run)))
-            self.db.table("run_events").insert_all(_event_row(event) for event in events)
+            self.db.table("run_events").insert_all(_event_row(redactor().message(event)) for event in events)
 
     # --- isolated reruns ---
 
@@ -186,9 +186,11 @@ class RunTables(CappedLog, Tables):
 
     # --- events ---
 
-    def add_event(self, event: pb.RunEvent) -> bool:
-        """Stores an event once; False when (run_id, seq) was already stored (a replayed event). A log chunk
-        counts against its run's log caps (CappedLog): it may be kept emptied, its seq still taken."""
+    def add_event(self, event: pb.RunEvent) -> pb.RunEvent | None:
+        """Stores an event once and gives it back redacted, as everything the bot shows of it must be (Slack,
+        the terminal); None when (run_id, seq) was already stored (a replayed event). A log chunk counts against
+        its run's log caps (CappedLog): it may be kept emptied, its seq still taken; what comes back is whole."""
+        event = redactor().message(event)
         try:
             with self.db.conn:
                 tail, budget = self._admit(event)
@@ -196,10 +198,10 @@ class RunTables(CappedLog, Tables):
                 if budget is not None:
                     self._settle(event.run_id, budget)
         except sqlite3.IntegrityError:
-            return False
+            return None
         if time.monotonic() - self._pruned_at >= DAY_S:
             self.prune()
-        return True
+        return event
 
     def use_retention(self, retention: Retention) -> int:
         """The caps and retention of a config (`log_head_mib`, `log_tail_mib`, `retention_days`), pruning at once."""
@@ -275,7 +277,7 @@ def _new_run(
 
 
 def _event_row(event: pb.RunEvent) -> dict[str, Any]:
-    event = redactor().message(event)
+    """A redacted event's row (add_event and import_run redact it first)."""
     return {
         "run_id": event.run_id,
         "seq": event.seq,
