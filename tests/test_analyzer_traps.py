@@ -624,7 +624,7 @@ def test_a_ray_task_s_cut_traceback_is_named_by_its_task_line_and_a_trainer_s_we
     assert (error.phase, error.category) == ("request", "nccl_comm")
 
 
-def test_a_terminal_s_hard_wrap_is_read_as_the_lines_it_cut() -> None:
+def test_a_terminal_s_hard_wrap_is_read_as_the_lines_it_cut(tmp_path: Path) -> None:
     # Copied from an 80-column terminal: a frame line and the exception line continue on unprefixed lines.
     api = "(APIServer pid=1068) "
     full = [
@@ -638,6 +638,9 @@ def test_a_terminal_s_hard_wrap_is_read_as_the_lines_it_cut() -> None:
         chunks = [line[i : i + 80].rstrip(" ") for i in range(0, len(line), 80)]
         wrapped += chunks
     assert len(wrapped) > len(full)
-    error = analyze_text("\n".join(wrapped)).first_error
-    assert error is not None and error.line == wrapped[-2]
-    assert (error.phase, error.category) == ("gpu_detect", "model_config")
+    log = tmp_path / "wrapped.log"
+    log.write_text("\n".join(wrapped) + "\n", encoding="utf-8")
+    for result in (analyze_text("\n".join(wrapped)), analyze_path(log)):
+        error = result.first_error
+        assert error is not None and error.line == wrapped[-2]
+        assert (error.phase, error.category) == ("gpu_detect", "model_config")

@@ -179,8 +179,9 @@ class TracebackTracker:
         self.streams: dict[tuple[str, str], Stream] = {}
         self._last_key_of_proc: dict[str, tuple[str, str]] = {}
         self._touched: dict[tuple[str, str], Stream] = {}  # streams that may be busy (see settled())
-        self._before: tuple[int, LogLine] | None = None  # the line read last and its number (see _unwrapped)
-        self._widths: deque[int] = deque(maxlen=_WRAP_RECENT)  # widths of the last lines read
+        # The line read last, its number and whether it came while its stream was open (see _unwrapped).
+        self._before: tuple[int, LogLine, bool] | None = None
+        self._widths: deque[int] = deque(maxlen=_WRAP_RECENT)  # widths of the last lines read (see _unwrapped)
 
     def settled(self, ok: Callable[[Stream], bool]) -> bool:
         """Whether every stream with lines since the last call passes `ok` (those that do are forgotten:
@@ -192,38 +193,51 @@ class TracebackTracker:
         return True
 
     def _unwrapped(self, ll: LogLine) -> LogLine:
-        """A terminal's hard wrap undone: a line without prefix or header right after a prefixed line of a
-        traceback, message or logged error line that was cut at the wrap width continues it (the two read as one line of its stream).
-        A line one column short of the width lost the space it was cut at."""
-        before, self._before = self._before, (self._cursor.n, ll)
+        """A terminal's hard wrap undone: a line without prefix or header right after a prefixed line of an open
+        traceback or message that was cut at the wrap width continues it (the two read as one line of its stream).
+        A line one column short of the width lost the space it was cut at. The width is the widest line since the
+        stretch of open tracebacks began. Only lines whole-file analysis cannot jump over count: those that come
+        while their own stream, or the stream of the line before, is open, and tracebacks' first and frame lines."""
+        n = self._cursor.n
+        own = self.streams.get((ll.proc, ll.src))
+        read = (own is not None and not own.is_idle()) or (
+            # (a traceback's first or frame line, before the first error: its needles are searched for)
+            self._arbiter.first_error is None
+            and (ll.level is None or ll.level in self._error_levels)
+            and (self._tb.frame.match(ll.msg) is not None or self._tb.start.match(ll.msg) is not None)
+        )
+        before, self._before = self._before, (n, ll, read)
+        prev = before[1] if before is not None and before[0] == n - 1 and before[2] else None
+        st = self.streams.get((prev.proc, prev.src)) if prev is not None else None
+        if st is None or st.is_idle():
+            st = None
+            if not self._before[2]:
+                self._widths.clear()
+                return ll
         width = len(ll.display)
         widest = max(self._widths, default=0)
         self._widths.append(width)
-        if before is None or ll.proc or ll.level is not None or before[0] != self._cursor.n - 1:
+        if st is None or prev is None or not prev.proc or ll.proc or ll.level is not None:
             return ll
-        prev = before[1]
         prev_width = len(prev.display)
-        st = self.streams.get((prev.proc, prev.src))
+        widest = max(widest, prev_width)
         if (
-            not prev.proc
-            or prev_width < _WRAP_MIN_WIDTH
+            prev_width < _WRAP_MIN_WIDTH
             or prev_width < widest - 1
-            or width > max(widest, prev_width)
-            or st is None
-            or (st.state == IDLE and st.header is None)
+            or width > widest
             or ll.msg.startswith("  ")
             or self._tb.start.match(ll.msg)
             or self._tb.exception.match(ll.msg)
         ):
             return ll
-        rest = ll.msg.lstrip() if prev_width < max(widest, prev_width) else ll.msg
+        rest = ll.msg.lstrip() if prev_width < widest else ll.msg
         gap = " " if rest is not ll.msg else ""
         joined = replace(prev, text=prev.text + gap + rest, msg=prev.msg + gap + rest)
-        self._before = (self._cursor.n, joined)
+        self._before = (n, joined, True)
         return joined
 
     def line(self, ll: LogLine, out: list[PhaseFinding | ErrorFinding]) -> None:
-        ll = self._unwrapped(ll)
+        raw, ll = ll, self._unwrapped(ll)
         key = (ll.proc, ll.src)
         st = self.streams.get(key)
         if st is None:
@@ -244,7 +258,10 @@ class TracebackTracker:
             self._phases.quiet(ll, out)
         else:
             self._structure(st, ll, out, after_frame=after_frame, loose=loose, head=head)
-        st.recent.append(ll.display)
+        if raw is not ll:
+            # (the context is the lines of the raw line's stream, as whole-file analysis reads them again)
+            st = self.streams.get((raw.proc, raw.src)) or self._new_stream((raw.proc, raw.src))
+        st.recent.append(raw.display)
 
     def _switch(self, proc: str, key: tuple[str, str]) -> None:
         """One process writes sequentially: a line of its other stream ends this one's message."""
