@@ -644,3 +644,15 @@ def test_a_terminal_s_hard_wrap_is_read_as_the_lines_it_cut(tmp_path: Path) -> N
         error = result.first_error
         assert error is not None and error.line == wrapped[-2]
         assert (error.phase, error.category) == ("gpu_detect", "model_config")
+
+
+def test_loguru_and_bracketed_levels_are_log_headers() -> None:
+    # Deploying projects' own loggers re-log vLLM's lines: loguru's columns (its level column is no compose
+    # service's `name | `) and a bracketed level after a collector's timestamp.
+    parser = LineParser(default_rules().line)
+    loguru = parser.parse("2025-06-06 19:02:40.123 | ERROR    | swift.llm.infer:main:42 - RuntimeError: boom")
+    assert (loguru.level, loguru.src, loguru.msg) == ("ERROR", "swift.llm.infer:main:42", "RuntimeError: boom")
+    bracketed = parser.parse("[2025-06-06 19:02:40,123] [ERROR] [rollout.py:88] ValueError: x")
+    assert (bracketed.level, bracketed.src, bracketed.msg) == ("ERROR", "rollout.py:88", "ValueError: x")
+    compose = parser.parse("vllm-1  | INFO 01-01 00:00:00 [core.py:1] x")
+    assert (compose.level, compose.msg) == ("INFO", "x")
