@@ -647,11 +647,15 @@ def test_a_terminal_s_hard_wrap_is_read_as_the_lines_it_cut(tmp_path: Path) -> N
 
 
 def test_loguru_and_bracketed_levels_are_log_headers() -> None:
-    # Deploying projects' own loggers re-log vLLM's lines: loguru's columns (its level column is no compose
-    # service's `name | `) and a bracketed level after a collector's timestamp.
+    # Deploying projects' own loggers: loguru's columns (its level column is no compose service's `name | `; below
+    # ERROR, a re-logged line is read as its own) and a bracketed level after a collector's timestamp.
     parser = LineParser(default_rules().line)
     loguru = parser.parse("2025-06-06 19:02:40.123 | ERROR    | swift.llm.infer:main:42 - RuntimeError: boom")
     assert (loguru.level, loguru.src, loguru.msg) == ("ERROR", "swift.llm.infer:main:42", "RuntimeError: boom")
+    relogged = parser.parse(
+        "2025-06-06 19:02:40.123 | INFO     | app.runner:log:42 - ERROR 01-01 00:00:00 [core.py:1] x"
+    )
+    assert (relogged.level, relogged.src, relogged.msg) == ("ERROR", "core.py:1", "x")
     bracketed = parser.parse("[2025-06-06 19:02:40,123] [ERROR] [rollout.py:88] ValueError: x")
     assert (bracketed.level, bracketed.src, bracketed.msg) == ("ERROR", "rollout.py:88", "ValueError: x")
     compose = parser.parse("vllm-1  | INFO 01-01 00:00:00 [core.py:1] x")
