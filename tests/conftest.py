@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from xdist.remote import Producer  # type: ignore[import-untyped]
+from xdist.scheduler import LoadGroupScheduling  # type: ignore[import-untyped]
 
 from kernel.tls import DevCerts, write_dev_certs
 from tests.dockerd import Dockerd, running_dockerd
@@ -192,15 +194,17 @@ def tier_of(item: pytest.Item) -> str | None:
 
 
 UNTIERED = pytest.StashKey[list[str]]()  # this session's tests with no tier or more than one, before any -m
-# `make test`'s second pass runs these tiers on two workers with `--dist loadgroup`: each tier is one xdist group, so
-# one worker runs every real-vLLM test (never two vLLM CPU servers at once: one takes every core when it computes)
-# and the other every daemons test beside it (one private dockerd and one Slurm at a time, as in a serial run).
+# `make test`'s second pass runs these tiers on two workers with `--dist loadgroup`, each tier one group (TierGroups):
+# one worker runs every real-vLLM test (never two vLLM CPU servers at once) and the other every daemons test beside
+# it (one private dockerd and one Slurm at a time, as in a serial run). The scheduler sees node ids only, so a test
+# of these tiers must be in a module whose TIERS row is its tier (tests/test_tiers.py checks).
 SERIAL_TIERS = ("daemons", "real_vllm")
+ELSEWHERE = pytest.StashKey[list[str]]()  # this session's tests of a serial tier in a module of another row
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups, and before `-m` deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     untiered = config.stash.setdefault(UNTIERED, [])
+    elsewhere = config.stash.setdefault(ELSEWHERE, [])
     for item in items:
         tier = tier_of(item)
         if tier is not None and not any(m.name == tier for m in item.iter_markers()):
@@ -208,8 +212,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tiers = {m.name for m in item.iter_markers() if m.name in TIER_NAMES}
         if len(tiers) != 1:
             untiered.append(item.nodeid)
-        elif (only := tiers.pop()) in SERIAL_TIERS:
-            item.add_marker(pytest.mark.xdist_group(only))
+        elif (only := tiers.pop()) in SERIAL_TIERS and TIERS.get(item.path.stem) != only:
+            elsewhere.append(item.nodeid)
+
+
+class TierGroups(LoadGroupScheduling):  # type: ignore[misc]
+    """`--dist loadgroup` with each serial tier one group. xdist 3.8 groups `xdist_group` marks by renaming node ids,
+    which pytest 9 no longer lets a plugin do (the marks reach no scheduler): the group is read from the id."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        tier = TIERS.get(Path(nodeid.split("::", 1)[0]).stem)
+        return tier if tier in SERIAL_TIERS else super()._split_scope(nodeid)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> LoadGroupScheduling | None:
+    return TierGroups(config, log) if config.getvalue("dist") == "loadgroup" else None
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TIER_FIXTURES, TIER_NAMES, TIER_OVERRIDES, TIERS, UNTIERED
+from tests.conftest import ELSEWHERE, TIER_FIXTURES, TIER_NAMES, TIER_OVERRIDES, TIERS, UNTIERED
 
 TESTS = Path(__file__).parent
 
@@ -25,6 +25,12 @@ def test_every_test_module_has_a_tier_and_every_row_a_module() -> None:
 def test_every_test_this_session_collected_has_exactly_one_tier(request: pytest.FixtureRequest) -> None:
     """In process, over everything collected before `-m` deselects: `make check` checks the whole suite too."""
     assert request.config.stash.get(UNTIERED, []) == []
+
+
+def test_every_daemons_and_real_vllm_test_is_in_a_module_of_its_tier(request: pytest.FixtureRequest) -> None:
+    """`make test`'s second pass groups these tiers by module (conftest.TierGroups): a real-vLLM test elsewhere
+    could run beside another, two vLLM servers at once."""
+    assert request.config.stash.get(ELSEWHERE, []) == []
 
 
 @pytest.mark.sim  # a pytest subprocess
