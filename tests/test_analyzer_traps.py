@@ -660,3 +660,13 @@ def test_loguru_and_bracketed_levels_are_log_headers() -> None:
     assert (bracketed.level, bracketed.src, bracketed.msg) == ("ERROR", "rollout.py:88", "ValueError: x")
     compose = parser.parse("vllm-1  | INFO 01-01 00:00:00 [core.py:1] x")
     assert (compose.level, compose.msg) == ("INFO", "x")
+
+
+def test_windows_paths_place_like_posix_ones_and_kserve_s_logger_is_a_header() -> None:
+    frame = '  File "C:\\Python\\Lib\\site-packages\\vllm\\v1\\structured_output\\backend_xgrammar.py", line 10, in f'
+    error = analyze_text(
+        "\n".join(["Traceback (most recent call last):", frame, "    x()", "RuntimeError: boom"])
+    ).first_error
+    assert error is not None and error.phase == "request"
+    kserve = LineParser(default_rules().line).parse("2025-09-02 06:44:03.123 1 kserve ERROR [model_server.py:164] x")
+    assert (kserve.level, kserve.src, kserve.msg) == ("ERROR", "model_server.py:164", "x")

@@ -97,6 +97,8 @@ class Frames:
 
     def read(self, st: Stream, msg: str) -> None:
         rules = self._rules
+        if "\\" in msg:
+            msg = msg.replace("\\", "/")  # a Windows build's paths (`File "C:\\…\\vllm\\worker\\gpu_worker.py"`)
         if st.frame_phase is None and (hint := self._hint(msg)) is not None:
             st.frame_phase, st.frame_line = hint.phase, msg.strip()
             self._phases.framed(hint.phase)
