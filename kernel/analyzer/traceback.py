@@ -195,8 +195,8 @@ class TracebackTracker:
         return True
 
     def _unwrapped(self, ll: LogLine) -> LogLine:
-        """A terminal's hard wrap undone: a line without prefix or header right after a prefixed line of an open
-        traceback or message that was cut at the wrap width continues it (the two read as one line of its stream).
+        """A terminal's hard wrap undone: a line without prefix or header right after a prefixed or logged line of
+        an open traceback or message that was cut at the wrap width continues it (read as one line of its stream).
         A line one column short of the width lost the space it was cut at. The width is the widest line since the
         stretch of open tracebacks began. Only lines whole-file analysis cannot jump over count: those that come
         while their own stream, or the stream of the line before, is open, and tracebacks' first and frame lines."""
@@ -219,7 +219,7 @@ class TracebackTracker:
         width = len(ll.display)
         widest = max(self._widths, default=0)
         self._widths.append(width)
-        if st is None or prev is None or not prev.proc or ll.proc or ll.level is not None:
+        if st is None or prev is None or not (prev.proc or prev.level) or ll.proc or ll.level is not None:
             return ll
         prev_width = len(prev.display)
         widest = max(widest, prev_width)
