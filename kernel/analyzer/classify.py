@@ -87,6 +87,10 @@ class Classifier:
                 return rule.category, f"the exception's message matches rule {rule.id}"
         late = self._phases.late_after(cand.line_no) if cand.run_phase is None else None
         context = cand.frame_context or cand.context or (late.context if late is not None else None)
+        if context is not None and context is not cand.frame_context and self._causeless_wrapper(cand):
+            # (a cut traceback headed by a wrapper that names no cause: the log's stretch places it, the
+            # wrapper's rule says its category is its phase's)
+            context = None
         if context is not None and context.category is not None:
             by = "its traceback's frames" if context is cand.frame_context else "the log"
             return context.category, f"it happened during {context.name} (by {by})"
@@ -95,6 +99,17 @@ class Classifier:
             return rule.category_by_phase[phase], f"rule {rule.id} in {phase}"
         category = rules.category_by_phase.get(phase, rules.default_category)
         return category, f"no rule names it: the category of an error in {phase}"
+
+    def _causeless_wrapper(self, cand: Candidate) -> bool:
+        """Whether the cut traceback's line is a wrapper's that names no cause (`EngineCore failed to start.`)."""
+        if not cand.cut:
+            return False
+        for rule in self._rules.rules:
+            if rule.kind == "wrapper" and not rule.hang:
+                match = rule.pattern.search(cand.msg)
+                if match is not None:
+                    return match.groupdict().get("cause") is None
+        return False
 
     def hint(self, cand: Candidate, category: str) -> str:
         for rule in (cand.rule, cand.refined):
