@@ -36,7 +36,7 @@ BATCHES = {
     ("g01.log", "g20.log"): {"phase": 20, "category": 19, "first_error_line": 20},
     ("h01.log", "h23.log"): {"phase": 22, "category": 23, "first_error_line": 23},
     ("i01.log", "i22.log"): {"phase": 22, "category": 22, "first_error_line": 22},
-    ("j01.log", "j22.log"): {"phase": 18, "category": 21, "first_error_line": 20},
+    ("j01.log", "j22.log"): {"phase": 20, "category": 21, "first_error_line": 20},
 }
 
 
