@@ -314,6 +314,15 @@ class ErrorLines:
             if rule.phase_fixed:
                 self._phases.evidence(rule.phase)
 
+    def titled(self, st: Stream, ll: LogLine) -> None:
+        """A traceback's first line that a wrapper rule names (Ray's outer `RayTaskError(X): ray::Task() (pid=…)`):
+        the last resort, as any wrapper, until the task's own exception at the traceback's end replaces it."""
+        rule = self._classifier.match(ll.msg)
+        if rule is None or rule.kind != "wrapper" or self._arbiter.first_error is not None:
+            return
+        self.wrapped(rule, st, ll)
+        st.title = self._arbiter.wrapper
+
     def _named(self, st: Stream, ll: LogLine, rule: ErrorRule) -> None:
         """A line outside a traceback that a rule names."""
         if rule.kind == "wrapper":
@@ -405,7 +414,8 @@ class ErrorLines:
         if ll.level is not None:
             st.wrapper_head = self.candidate(st, ll, WEAK, None)
         self._arbiter.demote(rule, ll)
-        if self._arbiter.wrapper is None:
+        title, st.title = st.title, None
+        if self._arbiter.wrapper is None or self._arbiter.wrapper is title:
             cand = self._arbiter.wrapper = self.candidate(st, ll, WRAPPER, rule)
             cause = cand.groups.get("cause")
             if cause is not None:

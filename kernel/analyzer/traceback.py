@@ -52,6 +52,7 @@ class Stream:
     loose_code: str = ""  # a logged source line outside a traceback (an excerpt that starts inside one)
     wrapper_head: Candidate | None = None  # a logged wrapper line: heads a traceback if the next line starts one
     cut_head: Candidate | None = None  # the wrapper line heading the running traceback
+    title: Candidate | None = None  # a wrapper that titles the running traceback (Ray's `RayTaskError(X): ray::…`)
 
     def is_idle(self) -> bool:
         """Nothing open in the stream: a line without needles cannot change what its next lines mean."""
@@ -306,6 +307,7 @@ class TracebackTracker:
             st.clear_frames()
             st.cut_head = head
             if head is None and tb.titled is not None and tb.titled.match(msg):
+                self._intake.titled(st, ll)
                 st.cut_head = self._intake.candidate(st, ll, WEAK, None)
         elif st.state == FRAMES and not msg.strip():
             pass  # a blank logged line inside a traceback's frames (a collector's or a logger's): not its end
