@@ -13,6 +13,10 @@ from xdist.scheduler import LoadGroupScheduling  # type: ignore[import-untyped]
 from kernel.tls import DevCerts, write_dev_certs
 from tests.dockerd import Dockerd, running_dockerd
 from tests.slack_api import SlackApi
+from tests.vllm_cpu import vllm_env, vllm_models
+
+# Fixtures defined once here for every module: a session fixture imported by several modules is one per module.
+__all__ = ["vllm_env", "vllm_models"]
 
 
 @pytest.fixture(scope="session")

@@ -9,11 +9,13 @@ are vLLM's own: nothing here was copied into a catalogue.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shlex
 import subprocess
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +29,14 @@ from kernel.tls import DevCerts
 from kernel.vllm_cli import flag_table
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
-from tests.k3fixtures import bot_core, finished_run, ignore_event, run_to_end
-from tests.vllm_cpu import ENV, serve_argv, vllm_env, vllm_models, vllm_python
+from tests.k3fixtures import bot_core, ignore_event, run_to_end
+from tests.vllm_cpu import ENV, serve_argv, vllm_python
 
-__all__ = ["vllm_env", "vllm_models"]  # fixtures used by name
 pytestmark = pytest.mark.timeout(900)
 IMAGE = "vllm-cpu:0.32.0"  # the process backend runs the host's install; the image names it for the allowlist
 REQUEST = {"messages": [{"role": "user", "content": "Say hello to the cluster."}], "max_tokens": 16}
+# 8 KV blocks cannot hold one sequence of the model's 4096 tokens; --max-num-seqs gives minimize a third flag to drop.
+KV_CACHE_FLAGS = ("--enforce-eager", "--max-model-len", "4096", "--num-gpu-blocks-override", "8", "--max-num-seqs", "4")
 Run = Callable[..., Coroutine[Any, Any, tuple[list[pb.RunEvent], dict[str, Any]]]]
 
 
@@ -73,6 +76,36 @@ def run(certs: DevCerts, tmp_path: Path, vllm_env: dict[str, str]) -> Run:
         return events, run_report("run", events)
 
     return start
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """A run several tests read: its events and report, and its folder (the bot's store, the runner's state)."""
+
+    folder: Path
+    launch: str
+    events: list[pb.RunEvent]
+    report: dict[str, Any]
+
+    @property
+    def run_id(self) -> str:
+        return self.events[0].run_id
+
+
+@pytest.fixture(scope="module")
+def kv_cache_run(
+    certs: DevCerts, tmp_path_factory: pytest.TempPathFactory, vllm_models: dict[str, Path]
+) -> FinishedRun:
+    """The KV-cache-too-small deployment run once (six launches): one test reads its findings, another minimizes
+    it from the same store."""
+    folder = tmp_path_factory.mktemp("kv-cache-run")
+    launch = launch_line(vllm_models["llama-4k"], *KV_CACHE_FLAGS)
+    settings = runner_settings(folder / "runner", certs)
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in ENV.items():
+            patch.setenv(key, value)
+        events = asyncio.run(run_to_end(certs, folder, settings, image=IMAGE, launch=launch, request=REQUEST))
+    return FinishedRun(folder, launch, events, run_report("run", events))
 
 
 def first_errors(events: list[pb.RunEvent]) -> list[pb.FirstError]:
@@ -193,10 +226,8 @@ async def test_a_failure_only_a_flag_the_minimal_launch_strips_causes_is_found_o
     assert launched.index("ladder/kv_transfer/proxy") + 1 == launched.index("ladder/kv_transfer/confirm")
 
 
-async def test_a_kv_cache_too_small_for_max_model_len(run: Run, vllm_models: dict[str, Path]) -> None:
-    events, report = await run(
-        vllm_models["llama-4k"], "--enforce-eager", "--max-model-len", "4096", "--num-gpu-blocks-override", "8"
-    )
+def test_a_kv_cache_too_small_for_max_model_len(kv_cache_run: FinishedRun) -> None:
+    events, report = kv_cache_run.events, kv_cache_run.report
     error = report["first_error"]
     assert error is not None and (error["phase"], error["category"]) == ("engine_init", "kv_cache_capacity")
     assert report["trigger_step"] == "max_model_len" and ladder(report)["max_model_len"] == "oom"
@@ -210,17 +241,15 @@ async def test_a_kv_cache_too_small_for_max_model_len(run: Run, vllm_models: dic
 
 
 async def test_minimize_shrinks_the_kv_cache_failure_to_the_flag_that_causes_it(
-    certs: DevCerts, tmp_path: Path, vllm_env: dict[str, str], vllm_models: dict[str, Path]
+    certs: DevCerts, vllm_env: dict[str, str], kv_cache_run: FinishedRun
 ) -> None:
     """8 KV blocks cannot hold one sequence of the model's 4096 tokens, with or without --max-model-len 4096:
-    the 1-minimal failing set is --num-gpu-blocks-override 8 alone, found on dummy weights and confirmed real."""
-    flags = ["--enforce-eager", "--max-model-len", "4096", "--num-gpu-blocks-override", "8", "--max-num-seqs", "4"]
-    launch = launch_line(vllm_models["llama-4k"], *flags)
-    async with bot_core(
-        certs, tmp_path, runner_settings(tmp_path / "runner", certs), image=IMAGE, launch=launch, request=REQUEST
-    ) as core:
-        original = await finished_run(core)
-        started = await start_minimize(core, original.run_id, "U1")
+    the 1-minimal failing set is --num-gpu-blocks-override 8 alone, found on dummy weights and confirmed real.
+    The run minimized is the shared one, from its own store, by its runner restarted on its state."""
+    folder = kv_cache_run.folder
+    settings = runner_settings(folder / "runner", certs)
+    async with bot_core(certs, folder, settings, image=IMAGE, launch=kv_cache_run.launch, request=REQUEST) as core:
+        started = await start_minimize(core, kv_cache_run.run_id, "U1")
         finished = await core.follow(started, ignore_event)
         events = await core.store.call(Store.events, started.run_id)
     record = RunRecord.replay(started.run_id, events)

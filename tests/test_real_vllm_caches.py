@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -24,9 +25,8 @@ from protos import runner_pb2 as pb
 from runner.stages.cache_control import SOURCE
 from tests.k3fixtures import run_to_end
 from tests.test_real_vllm import IMAGE, REQUEST, launch_line, runner_settings
-from tests.vllm_cpu import make_model, vllm_env, vllm_python
+from tests.vllm_cpu import vllm_python
 
-__all__ = ["vllm_env"]  # fixture used by name
 pytestmark = pytest.mark.timeout(600)
 REMOTE_CONFIG = '''from transformers import LlamaConfig
 
@@ -38,8 +38,9 @@ class TinyConfig(LlamaConfig):
 '''
 
 
-def remote_code_model(root: Path) -> Path:
-    model = make_model(root, "llama-4k")
+def remote_code_model(llama: Path, root: Path) -> Path:
+    """A copy of the session's model, given configuration code of its own."""
+    model = Path(shutil.copytree(llama, root / llama.name))
     (model / "configuration_tiny.py").write_text(REMOTE_CONFIG)
     config = json.loads((model / "config.json").read_text())
     config["auto_map"] = {"AutoConfig": "configuration_tiny.TinyConfig"}
@@ -48,9 +49,13 @@ def remote_code_model(root: Path) -> Path:
 
 
 async def test_a_half_written_remote_code_cache_entry_is_found_by_the_fresh_cache_control(
-    certs: DevCerts, tmp_path: Path, vllm_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    certs: DevCerts,
+    tmp_path: Path,
+    vllm_env: dict[str, str],
+    vllm_models: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    model = remote_code_model(tmp_path / "models")
+    model = remote_code_model(vllm_models["llama-4k"], tmp_path / "models")
     host = tmp_path / "host-caches"
     for spec in cache_specs():  # the host's caches, where this test can see them: none of this machine's own
         monkeypatch.setenv(spec.env, str(host / spec.name))

@@ -13,7 +13,6 @@ and sleeps; the analyzer places the hang where the log stopped."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,30 +21,17 @@ from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
 from tests.k3fixtures import bot_core
 from tests.test_real_vllm import IMAGE, REQUEST, launch_line, runner_settings
-from tests.vllm_cpu import REPO, vllm_env, vllm_python
 
-__all__ = ["vllm_env"]  # a fixture used by name
 pytestmark = pytest.mark.timeout(300)
 # Longer than any silence of a healthy start-up before the hang (the engine core's and the worker's imports, ~15 s
 # each on a loaded machine), short enough to keep the test brief.
 STALL_S = 40
 
 
-@pytest.fixture
-def sleeping_model(tmp_path: Path) -> Path:
-    out = tmp_path / "remote-sleep"
-    subprocess.run(
-        [str(vllm_python()), str(REPO / "devtools" / "make_model.py"), str(out), "--remote-code-sleep", "600"],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return out
-
-
 async def test_a_launch_hung_in_remote_code_is_dumped_and_named_where_it_sleeps(
-    certs: DevCerts, tmp_path: Path, vllm_env: dict[str, str], sleeping_model: Path
+    certs: DevCerts, tmp_path: Path, vllm_env: dict[str, str], vllm_models: dict[str, Path]
 ) -> None:
+    sleeping_model = vllm_models["remote-sleep"]  # made with --remote-code-sleep 600
     settings = runner_settings(tmp_path / "runner", certs)
     settings["engine"]["stall_timeout_s"] = STALL_S
     launch = launch_line(sleeping_model, "--trust-remote-code", "--enforce-eager")  # no compiled warm-up: sooner

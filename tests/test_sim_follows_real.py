@@ -27,7 +27,7 @@ import pytest
 
 from kernel.analyzer.whole_log import analyze_text
 from runner.ports import free_port
-from tests.vllm_cpu import ENV, REPO, make_model, serve_argv
+from tests.vllm_cpu import ENV, REPO, serve_argv
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -197,10 +197,10 @@ def _healthy(url: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def both(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Served]]:
+def both(tmp_path_factory: pytest.TempPathFactory, vllm_models: dict[str, Path]) -> Iterator[dict[str, Served]]:
     """The deployment on real vLLM CPU and on vllm-sim: one start each for the whole module."""
     tmp = tmp_path_factory.mktemp("sim-vs-real")
-    model = make_model(tmp, "llama-4k")
+    model = vllm_models["llama-4k"]
     port = free_port(HOST)
     real = _serve(
         serve_argv(model, *FLAGS, "--host", HOST, "--port", str(port)),

@@ -6,6 +6,7 @@ tiny Llamas written by devtools/make_model.py (no hub, no committed weights).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -23,7 +24,15 @@ MODELS = {
     "llama-head16": ["--head-dim", "16"],
     "unknown-arch": ["--architecture", "NoSuchForCausalLM"],
     "broken-weights": ["--broken-weights"],
+    "remote-sleep": ["--remote-code-sleep", "600"],  # tests/test_real_vllm_stacks.py
 }
+# Every model in one Python of the vLLM venv: importing torch and transformers costs ten times what making one does.
+MAKE_ALL = """import json, sys
+sys.path.insert(0, sys.argv[1])
+from make_model import main
+for argv in json.loads(sys.argv[2]):
+    main(argv)
+"""
 
 
 def vllm_python() -> Path:
@@ -51,10 +60,22 @@ def make_model(root: Path, name: str) -> Path:
     return out
 
 
+def make_models(root: Path) -> dict[str, Path]:
+    """Every model of MODELS under `root`, made by one process."""
+    argvs = [[str(root / name), *args] for name, args in MODELS.items()]
+    subprocess.run(
+        [str(vllm_python()), "-c", MAKE_ALL, str(REPO / "devtools"), json.dumps(argvs)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return {name: root / name for name in MODELS}
+
+
 @pytest.fixture(scope="session")
 def vllm_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("vllm-models")
-    return {name: make_model(root, name) for name in MODELS}
+    """The session's models, made once; a test that changes one changes a copy."""
+    return make_models(tmp_path_factory.mktemp("vllm-models"))
 
 
 @pytest.fixture
