@@ -66,11 +66,13 @@ lint: setup
 	$(BIN)/mypy
 
 # Every tier, in two passes: the unit and sim tiers on two workers (they wait on loopback more than they compute),
-# then the daemons (one private dockerd, one single-node Slurm) and real-vLLM tiers one test at a time (a vLLM
-# CPU server takes every core). Together they select every test (tests/test_tiers.py checks the markers).
+# then the daemons (one private dockerd, one single-node Slurm) and real-vLLM tiers on two workers, one tier each
+# (`--dist loadgroup`, the groups given by tests/conftest.py): the real-vLLM tests one at a time (a vLLM CPU server
+# takes every core when it computes), the daemons tests beside them. Together the passes select every test
+# (tests/test_tiers.py checks the markers).
 test: lint
 	K3REPRO_VLLM_PYTHON=$(VLLM_PYTHON) $(BIN)/pytest -m "unit or sim" -n $(CHECK_WORKERS) -p no:cacheprovider
-	K3REPRO_VLLM_PYTHON=$(VLLM_PYTHON) $(BIN)/pytest -m "daemons or real_vllm" -p no:cacheprovider
+	K3REPRO_VLLM_PYTHON=$(VLLM_PYTHON) $(BIN)/pytest -m "daemons or real_vllm" -n 2 --dist loadgroup -p no:cacheprovider
 
 # The inner loop, a minute or two: ruff and the unit tier (no daemon, server, subprocess or network; the tiers are
 # in tests/conftest.py), two workers. `make test` stays what CI runs: every tier.
