@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bot.store import FINAL, RUNNING, Run
+from kernel import images
 from kernel.launches import LaunchFold, LaunchSpan
 from protos import runner_pb2 as pb
 from protos.vocab import to_id
@@ -328,7 +329,7 @@ def image_digest(scene: dict[str, Any] | None) -> str:
     # freeze's pinned_ref first: the digest the run launched, of the tag's own repository
     refs = [str(image.get(key) or "") for key in ("pinned_ref", "ref")]
     refs += [str(ref) for ref in image.get("repo_digests") or []]
-    return next((ref.split("@", 1)[1] for ref in refs if "@sha256:" in ref), "")
+    return next((images.digest(ref) for ref in refs if images.is_pinned(ref)), "")
 
 
 def is_file(artifact: pb.Artifact) -> bool:

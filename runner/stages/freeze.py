@@ -6,6 +6,7 @@ import asyncio
 import json
 from typing import Any
 
+from kernel import images
 from kernel.fingerprint.document import seal
 from protos import runner_pb2 as pb
 from protos.vocab import DEFAULT_REPEATS, to_id
@@ -90,11 +91,6 @@ def _loads(runtime: dict[str, Any]) -> str:
     return ("loads " + ", ".join(found)) if found else f"versions unknown ({runtime['error'] or 'no vLLM found'})"
 
 
-def _repository(ref: str) -> str:
-    name = ref.split("@", 1)[0]
-    return name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
-
-
 def pin(scene: dict[str, Any]) -> dict[str, Any]:
     """The scene with `image.pinned_ref`, the reference by digest the run launches: the ref itself when it
     names a digest, else the registry digest freeze found for the tag (its own repository's first). A tag
@@ -104,12 +100,12 @@ def pin(scene: dict[str, Any]) -> dict[str, Any]:
         return scene
     if image["pinned"]:
         return seal({**scene, "image": {**image, "pinned_ref": image["ref"]}})
-    repository = _repository(image["ref"])
-    digests = [d for d in image["repo_digests"] or [] if "@sha256:" in d]
+    repository = images.repository(image["ref"])
+    digests = [d for d in image["repo_digests"] or [] if images.is_pinned(d)]
     if not digests:
         return scene
-    digest = next((d for d in digests if d.split("@", 1)[0] == repository), digests[0]).split("@", 1)[1]
-    return seal({**scene, "image": {**image, "pinned": True, "pinned_ref": f"{repository}@{digest}"}})
+    digest = images.digest(next((d for d in digests if images.repository(d) == repository), digests[0]))
+    return seal({**scene, "image": {**image, "pinned": True, "pinned_ref": images.pinned_to(image["ref"], digest)}})
 
 
 def _pinned(scene: dict[str, Any]) -> tuple[bool, str]:
