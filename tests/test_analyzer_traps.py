@@ -670,3 +670,20 @@ def test_windows_paths_place_like_posix_ones_and_kserve_s_logger_is_a_header() -
     assert error is not None and error.phase == "request"
     kserve = LineParser(default_rules().line).parse("2025-09-02 06:44:03.123 1 kserve ERROR [model_server.py:164] x")
     assert (kserve.level, kserve.src, kserve.msg) == ("ERROR", "model_server.py:164", "x")
+
+
+def test_a_cuda_message_s_search_for_line_never_wins_over_the_error_line_it_continues() -> None:
+    # A wrapper quoting CUDA's message: its `Search for cudaError…` continuation names the cause (driver_cuda_init)
+    # but the error is the line it continues; alone, at an excerpt's start, the continuation stands in.
+    search = (
+        f"{CORE_ERR}Search for `cudaErrorNoKernelImageForDevice' in "
+        "https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information."
+    )
+    head = (
+        f"{CORE_ERR}RuntimeError: Worker failed with error 'CUDA error: no kernel image is available for execution "
+        "on the device"
+    )
+    error = analyze_text("\n".join([head, search])).first_error
+    assert error is not None and (error.line, error.category) == (head, "driver_cuda_init")
+    alone = analyze_text(search).first_error
+    assert alone is not None and (alone.line, alone.category) == (search, "driver_cuda_init")

@@ -327,6 +327,10 @@ class ErrorLines:
         """A line outside a traceback that a rule names."""
         if rule.kind == "wrapper":
             self.wrapped(rule, st, ll)
+            if self._tb.standalone.match(ll.msg) and groups(rule, ll.msg).get("cause") is not None:
+                # The cause it quotes goes on (CUDA's `Search for cudaError…` line): those lines continue this
+                # one and never stand for an error of their own.
+                st.pending, st.state, st.message_lines = None, MESSAGE, 0
         elif rule.kind == "benign":
             st.suppress = rule.suppress_traceback
         elif rule.kind == "weak":
