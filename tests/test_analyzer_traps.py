@@ -687,3 +687,16 @@ def test_a_cuda_message_s_search_for_line_never_wins_over_the_error_line_it_cont
     assert error is not None and (error.line, error.category) == (head, "driver_cuda_init")
     alone = analyze_text(search).first_error
     assert alone is not None and (alone.line, alone.category) == (search, "driver_cuda_init")
+
+
+def test_a_worker_s_death_after_a_wrapper_quoting_its_cause_is_the_survivors_reaction() -> None:
+    oom = f"{CORE_ERR}RuntimeError: Worker failed with error 'CUDA out of memory. Tried to allocate 2.96 GiB.', please check"
+    died = (
+        f"{CORE}ERROR 07-01 09:41:29 [multiproc_executor.py:295] Worker proc VllmWorker-2 died unexpectedly "
+        "(exit code: None), shutting down executor."
+    )
+    error = analyze_text("\n".join([oom, died])).first_error
+    assert error is not None and (error.line, error.category) == (oom, "oom")
+    vague = f"{CORE_ERR}RuntimeError: Worker failed with error 'boom', please check the stack trace above"
+    error = analyze_text("\n".join([vague, died])).first_error
+    assert error is not None and error.line == died

@@ -143,8 +143,13 @@ class Arbiter:
                 self._cut_traceback(stream)
         if self.first_error is not None:
             return None
-        if self.best is None and self.weak:
-            self.best = min(self.weak, key=lambda c: c.line_no)
+        wrapper = self.wrapper
+        quoted = wrapper if wrapper is not None and wrapper.refined is not None else None
+        # (A wrapper quoting a cause a rule names, `Worker failed with error 'CUDA out of memory…'`, outranks the
+        # weak lines after it: a worker's death without a traceback is the survivors' reaction to that cause.)
+        weak = [c for c in self.weak if quoted is None or c.line_no < quoted.line_no]
+        if self.best is None and weak:
+            self.best = min(weak, key=lambda c: c.line_no)
         if self.best is None and self.wrapper is not None:
             self.best = self.wrapper
         return self.emit(streams, force=True)
