@@ -38,7 +38,7 @@ BATCHES = {
     ("i01.log", "i22.log"): {"phase": 22, "category": 22, "first_error_line": 22},
     ("j01.log", "j22.log"): {"phase": 20, "category": 21, "first_error_line": 20},
     ("k01.log", "k22.log"): {"phase": 21, "category": 22, "first_error_line": 22},
-    ("l01.log", "l22.log"): {"phase": 20, "category": 17, "first_error_line": 19},
+    ("l01.log", "l22.log"): {"phase": 20, "category": 18, "first_error_line": 19},
 }
 
 
