@@ -217,7 +217,9 @@ async def test_a_failure_only_a_flag_the_minimal_launch_strips_causes_is_found_o
     )
     assert_repeated_failure(report, events, "engine_init", report["first_error"]["category"])
     assert "NIXL is not available" in report["first_error"]["line"]
-    assert report["trigger_step"] == "kv_transfer" and ladder(report)["kv_transfer"] == "crash"
+    # NIXL missing is communication set-up (nccl_comm, the corpus README's rule), which the ladder calls comm_error
+    assert report["first_error"]["category"] == "nccl_comm"
+    assert report["trigger_step"] == "kv_transfer" and ladder(report)["kv_transfer"] == "comm_error"
     assert ladder(report)["prefix_caching"] == "not_applicable"  # the deployment turns it off itself
     step = next(e.ladder_step for e in events if e.ladder_step.step == "kv_transfer")
     assert list(step.added) == [f"--kv-transfer-config {transfer}"]
