@@ -202,29 +202,37 @@ async def test_cancel_removes_the_container(
     assert last.run_finished.status == pb.RUN_STATUS_CANCELLED
 
 
+async def _ignore(event: pb.RunEvent) -> None:
+    return None
+
+
 async def test_an_image_tag_that_moves_between_launches_makes_the_run_isolate(
     docker_env: Dockerd, sim_image: str, certs: DevCerts, tmp_path: Path
 ) -> None:
     moving = "k3repro/vllm-sim:moving"
     docker_env.client.images.get(sim_image).tag(moving)
     before = docker_env.client.images.get(moving).id
-    moved = asyncio.Event()
-
-    async def repush_after_the_first_failure(event: pb.RunEvent) -> None:
-        if event.HasField("first_error") and not moved.is_set():  # someone pushes a new build under the tag
-            await asyncio.to_thread(_import_sim_image, docker_env, moving, "build=2")
-            moved.set()
-
     engine = {**_docker_engine("demo", gpus=False), "failure_attempts": 2}
     data = runner_data(certs, tmp_path / "runner", allowed_images=["k3repro/vllm-sim:*"], engine=engine)
     async with running_runner(data) as daemon:
+        backend = daemon.hub.backend
+        launch, launches = backend.launch, []
+
+        async def repush_before_the_second_launch(*args: Any, **kwargs: Any) -> Any:
+            """Someone pushes a new build under the tag between two launches (not racing the runner's relaunch)."""
+            launches.append(args)
+            if len(launches) == 2:
+                await asyncio.to_thread(_import_sim_image, docker_env, moving, "build=2")
+            return await launch(*args, **kwargs)
+
+        backend.launch = repush_before_the_second_launch  # type: ignore[method-assign]
         config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"], image=moving)
         store = AsyncStore(config.store)
         core = Coordinator(config, store)
-        finished = await core.follow(await core.start("cluster-a", "U1"), repush_after_the_first_failure)
+        finished = await core.follow(await core.start("cluster-a", "U1"), _ignore)
         store.close()
     after = docker_env.client.images.get(moving).id
-    assert moved.is_set() and after != before and finished.decision == pb.DECISION_ISOLATE
+    assert len(launches) >= 2 and after != before and finished.decision == pb.DECISION_ISOLATE
     moved_reason = next(r for r in finished.reasons if "moved during the run" in r)
     assert moved_reason.startswith(f"image {moving} moved during the run ({before[7:19]} → {after[7:19]})")
     assert _labelled(docker_env) == []
@@ -243,28 +251,31 @@ async def test_a_tag_with_a_registry_digest_runs_by_it_so_a_moved_tag_changes_no
     before = docker_env.client.images.get(tag).id
     assert docker_env.client.images.get(tag).attrs["RepoDigests"] == [f"{repository}@{digest}"]
     _import_sim_image(docker_env, "k3repro/vllm-sim:build2", "build=2")
-    moved = asyncio.Event()
-
-    async def repush_after_the_first_failure(event: pb.RunEvent) -> None:
-        if event.HasField("first_error") and not moved.is_set():
-            await asyncio.to_thread(docker_env.client.images.get("k3repro/vllm-sim:build2").tag, repository, "pinned")
-            moved.set()
-
     engine = {**_docker_engine("demo", gpus=False), "failure_attempts": 2}
     data = runner_data(certs, tmp_path / "runner", allowed_images=[f"{repository}:*"], engine=engine)
     events: list[pb.RunEvent] = []
 
     async def record(event: pb.RunEvent) -> None:
         events.append(event)
-        await repush_after_the_first_failure(event)
 
     async with running_runner(data) as daemon:
+        backend = daemon.hub.backend
+        launch, launches = backend.launch, []
+
+        async def retag_before_the_second_launch(*args: Any, **kwargs: Any) -> Any:
+            launches.append(args)
+            if len(launches) == 2:
+                build2 = docker_env.client.images.get("k3repro/vllm-sim:build2")
+                await asyncio.to_thread(build2.tag, repository, "pinned")
+            return await launch(*args, **kwargs)
+
+        backend.launch = retag_before_the_second_launch  # type: ignore[method-assign]
         config = bot_config(certs, tmp_path / "k3.db", [f"127.0.0.1:{daemon.port}"], image=tag)
         store = AsyncStore(config.store)
         core = Coordinator(config, store)
         finished = await core.follow(await core.start("cluster-a", "U1"), record)
         store.close()
-    assert moved.is_set() and docker_env.client.images.get(tag).id != before
+    assert len(launches) >= 2 and docker_env.client.images.get(tag).id != before
     assert finished.launches >= 2 and not [r for r in finished.reasons if "moved during the run" in r]
     report = json.loads(next(e.artifact.content for e in events if e.artifact.name == "baseline"))
     pinned = next(r for r in report["rules"] if r["id"] == "image_pinned")
