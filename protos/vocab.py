@@ -6,6 +6,7 @@ Enums are the wire form; ids are what people, JSON and data files use.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, TypeVar, cast
 
 from protos import runner_pb2 as pb
@@ -51,6 +52,84 @@ def ids(enum: type[E]) -> list[str]:
     """All ids of an enum in declaration order, without UNSPECIFIED."""
     wrapper: Any = enum
     return [to_id(enum, number) for number in wrapper.values() if number != 0]
+
+
+# The status and verdict vocabularies, one StrEnum each: a member is its proto enum's id, so the store, JSON and
+# data files hold the same strings as before, and code compares and keys by member (tests/test_vocab.py keeps
+# each equal to its proto enum). `member` reads one from the wire; `wire` writes it back.
+
+
+class StageStatus(StrEnum):
+    """How a stage ended (pb.StageStatus): failed means it found the failure it looks for, or could not run."""
+
+    OK = "ok"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+
+
+class RunStatus(StrEnum):
+    """How a run itself ended, not what it found (pb.RunStatus)."""
+
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+class Decision(StrEnum):
+    """The verdict's next action (pb.Decision)."""
+
+    FIX = "fix"
+    ISOLATE = "isolate"
+    CONTINUE = "continue"
+
+
+class LadderOutcome(StrEnum):
+    """What one ladder step found (pb.LadderOutcome)."""
+
+    OK = "ok"
+    CACHE_HIT = "cache_hit"
+    CACHE_MISS = "cache_miss"
+    OOM = "oom"
+    COMM_ERROR = "comm_error"
+    CRASH = "crash"
+    SAME_AS_TARGET = "same_as_target"
+    NOT_APPLICABLE = "not_applicable"
+    PROBE_ERROR = "probe_error"
+
+
+class ChecklistState(StrEnum):
+    """Where one checklist item stands (pb.ChecklistState): pending until a stage has evidence."""
+
+    PENDING = "pending"
+    HOLDS = "holds"
+    FAILS = "fails"
+    NOT_APPLICABLE = "not_applicable"
+
+
+# Each vocabulary's proto enum.
+WIRE: dict[type[StrEnum], Any] = {
+    StageStatus: pb.StageStatus,
+    RunStatus: pb.RunStatus,
+    Decision: pb.Decision,
+    LadderOutcome: pb.LadderOutcome,
+    ChecklistState: pb.ChecklistState,
+}
+
+V = TypeVar("V", bound=StrEnum)
+
+
+def member(kind: type[V], value: int) -> V:
+    """The member a wire value stands for; ValueError for UNSPECIFIED (a wire value left unset) or an unknown one."""
+    ident = to_id(WIRE[kind], value)
+    if not ident:
+        raise ValueError(f"{kind.__name__} left unspecified on the wire")
+    return kind(ident)
+
+
+def wire(value: StrEnum) -> int:
+    """The wire value of a member."""
+    return int(from_id(WIRE[type(value)], value.value))
 
 
 # The fixed request: the APIs it may use, each by its path on the server, and what it is when nothing is said

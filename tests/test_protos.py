@@ -49,6 +49,19 @@ def test_ids_round_trip_and_unknown_ids_are_named() -> None:
         vocab.from_id(pb.Phase, "warmup")
 
 
+def test_each_status_and_verdict_enum_is_its_proto_enums_ids() -> None:
+    names = {wire.DESCRIPTOR.name for wire in vocab.WIRE.values()}
+    # every status, verdict and outcome enum of the wire has its Python enum
+    assert names == {"StageStatus", "RunStatus", "Decision", "LadderOutcome", "ChecklistState"}
+    for kind, wire in vocab.WIRE.items():
+        assert [m.value for m in kind] == vocab.ids(wire), kind.__name__  # same ids, same order
+        assert [m.name for m in kind] == [vocab.to_id(wire, n).upper() for n in wire.values() if n], kind.__name__
+        for item in kind:
+            assert vocab.member(kind, vocab.wire(item)) is item
+    with pytest.raises(ValueError, match="Decision left unspecified"):
+        vocab.member(vocab.Decision, pb.DECISION_UNSPECIFIED)
+
+
 def test_every_event_payload_is_in_the_oneof() -> None:
     names = {field.name for field in pb.RunEvent.DESCRIPTOR.oneofs_by_name["payload"].fields}
     assert names == {
