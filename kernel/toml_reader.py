@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import difflib
+import re
 import tomllib
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 
 class ConfigError(ValueError):
@@ -15,6 +16,7 @@ class ConfigError(ValueError):
 
 
 _REQUIRED = object()
+_T = TypeVar("_T")
 
 
 def read_toml(path: Path) -> dict[str, Any]:
@@ -111,6 +113,53 @@ class TomlReader:
             raise ConfigError(f"{self.origin}: {key!r} must be a list of strings")
         return values
 
+    def choice(self, key: str, allowed: Collection[str], default: str | None = None) -> str:
+        """A string that must be one of `allowed` (an id of a shared vocabulary, a kind): a typo is refused at load
+        time, with what it may be, instead of being read later as something else."""
+        value = self.text(key, default)
+        if value not in allowed:
+            raise self.fail(f"{key!r} must be one of {', '.join(allowed)}, got {value!r}")
+        return value
+
+    def optional_choice(self, key: str, allowed: Collection[str]) -> str | None:
+        """A choice (see choice) that may be absent."""
+        self.read.add(key)
+        return self.choice(key, allowed) if key in self.data else None
+
+    def regex(self, key: str) -> re.Pattern[str]:
+        """A regular expression, compiled here: a bad one is named by file, row and key when the file is read."""
+        return self.compile(self.text(key), key)
+
+    def optional_regex(self, key: str) -> re.Pattern[str] | None:
+        """A regular expression (see regex) that may be absent."""
+        self.read.add(key)
+        return self.regex(key) if key in self.data else None
+
+    def regexes(self, key: str) -> list[re.Pattern[str]]:
+        """A list of regular expressions (absent: none), each named by its index when it does not compile."""
+        return [self.compile(pattern, f"{key}[{i}]") for i, pattern in enumerate(self.texts(key))]
+
+    def compile(self, pattern: str, key: str) -> re.Pattern[str]:
+        """`pattern`, the value of `key`, compiled; a bad one is this table's error."""
+        try:
+            return re.compile(pattern)
+        except re.error as exc:
+            raise self.fail(f"{key!r} is not a regular expression ({exc}): {pattern!r}") from None
+
+    def text_table(
+        self, key: str, keys: Collection[str] | None = None, values: Collection[str] | None = None
+    ) -> dict[str, str]:
+        """A table of strings (absent: empty), its keys and its values each one of those given, where given."""
+        table = self.table(key)
+        for name, value in table.items():
+            if not isinstance(value, str):
+                raise self.fail(f"{key}.{name} must be a string, got {value!r}")
+            if keys is not None and name not in keys:
+                raise self.fail(f"{key}: unknown key {name!r}; expected one of {', '.join(keys)}")
+            if values is not None and value not in values:
+                raise self.fail(f"{key}.{name} must be one of {', '.join(values)}, got {value!r}")
+        return dict(table)
+
     def whole(self, key: str, default: object = None) -> int:
         result: int = self._get(key, _REQUIRED if default is None else default, (int,), "a whole number")
         return result
@@ -119,14 +168,15 @@ class TomlReader:
         result: dict[str, Any] = self._get(key, {}, (dict,), "a table")
         return result
 
-    def section(self, key: str) -> TomlReader:
-        """A required sub-table, read by its own reader (`FILE [key]`)."""
-        data: dict[str, Any] = self._get(key, _REQUIRED, (dict,), "a table")
+    def section(self, key: str, *, required: bool = True) -> TomlReader:
+        """A sub-table, read by its own reader (`FILE [key]`); an optional one that is absent reads as empty."""
+        data: dict[str, Any] = self._get(key, _REQUIRED if required else {}, (dict,), "a table")
         return TomlReader(data, f"{self.origin} [{key}]")
 
-    def rows(self, key: str) -> list[TomlReader]:
-        """An array of tables (`[[key]]`), one reader per row, named by its id or name where it has one."""
-        rows: list[Any] = self._get(key, _REQUIRED, (list,), "an array of tables")
+    def rows(self, key: str, *, required: bool = True) -> list[TomlReader]:
+        """An array of tables (`[[key]]`), one reader per row, named by its id or name where it has one; an
+        optional one that is absent has no rows."""
+        rows: list[Any] = self._get(key, _REQUIRED if required else [], (list,), "an array of tables")
         readers = []
         for number, row in enumerate(rows, 1):
             label = row.get("id", row.get("name")) if isinstance(row, dict) else None
@@ -141,6 +191,13 @@ class TomlReader:
         if (problem := unknown_keys(self.data, known, self.origin)) is not None:
             raise ConfigError(problem)
         return self
+
+    def strictly(self, parse: Callable[[TomlReader], _T]) -> _T:
+        """parse(self), then any key it did not ask for refused (a typo, named with the closest key it knows): for
+        a parser whose keys are all optional, where `only` would need a second list of them."""
+        parsed = parse(self)
+        self.only(self.read)
+        return parsed
 
     def unread(self) -> dict[str, Any]:
         """The keys no accessor asked for yet: a row's free-form parameters, after its known keys."""

@@ -11,6 +11,7 @@ import pytest
 
 from kernel.analyzer import RulesError, analyze_text, default_rules, load_rules
 from kernel.analyzer.rules import ErrorRule, parse_rules
+from kernel.toml_reader import ConfigError
 from protos.vocab import CATEGORIES, PHASES, UNKNOWN_PHASE
 
 RULES = default_rules()
@@ -59,15 +60,40 @@ def test_shipped_rules_cover_the_vocabulary() -> None:
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda d: d["rule"][0].update(category="gpu_oom"), "unknown category 'gpu_oom'"),
-        (lambda d: d["marker"][0].update(phase="warmup"), "unknown phase 'warmup'"),
-        (lambda d: d["rule"][0].update(pattern="(unclosed"), "bad regex"),
-        (lambda d: d["rule"][0].update(kind="maybe"), "kind must be one of"),
-        (lambda d: d["rule"][1].update(id=d["rule"][0]["id"]), "duplicate rule ids"),
-        (lambda d: d["rule"][0].update(hint="use {nothing}"), "not a group of the pattern"),
-        (lambda d: d["hints"].pop("oom"), "no hint for categories: oom"),
-        (lambda d: d["defaults"].update(category_by_phase={"request": "http"}), "unknown category 'http'"),
-        (lambda d: d.update(version=2), "unsupported version"),
+        (
+            lambda d: d["rule"][0].update(category="gpu_oom"),
+            r"\[\[rule\]\] #1 \(\S+\): 'category' must be one of .*'gpu_oom'",
+        ),
+        (lambda d: d["marker"][0].update(phase="warmup"), r"\[\[marker\]\] #1: 'phase' must be one of .*'warmup'"),
+        (lambda d: d["rule"][0].update(pattern="(unclosed"), r"\[\[rule\]\] #1 \(\S+\): 'pattern' is not a regular"),
+        (
+            lambda d: d["rule"][0].update(kind="maybe"),
+            r"'kind' must be one of root, wrapper, benign, weak, got 'maybe'",
+        ),
+        (lambda d: d["rule"][1].update(id=d["rule"][0]["id"]), r"^rules.toml: duplicate rule ids"),
+        (lambda d: d["rule"][0].update(hint="use {nothing}"), r"'hint' names \{nothing\}, not a group of the pattern"),
+        (lambda d: d["hints"].pop("oom"), r"^rules.toml: \[hints\]: no hint for categories: oom$"),
+        (lambda d: d["hints"].update(oomm="x"), r"^rules.toml: hints: unknown key 'oomm'"),
+        (
+            lambda d: d["defaults"].update(category_by_phase={"request": "http"}),
+            r"^rules.toml \[defaults\]: category_by_phase.request must be one of .*'http'",
+        ),
+        (
+            lambda d: d["line"].update(wrappers=["ok", "(bad"]),
+            r"^rules.toml \[line\]: 'wrappers\[1\]' is not a regular",
+        ),
+        (lambda d: d["signature"].update(replace=[["x"]]), r"\[signature\]: 'replace'\[0\] must be \[pattern, repl"),
+        (lambda d: d["traceback"].pop("frame"), r"^rules.toml \[traceback\]: missing key 'frame'$"),
+        (lambda d: d.update(version=2), r"^rules.toml: unsupported version 2"),
+        (
+            lambda d: d["rule"][0].update(phase_fixd=True),
+            r"^rules.toml \[\[rule\]\] #1 \(\S+\): unknown key 'phase_fixd' \(did you mean 'phase_fixed'\?\)$",
+        ),
+        (
+            lambda d: d["defaults"].update(serving_sq=5),
+            r"\[defaults\]: unknown key 'serving_sq' \(did you mean 'serving_seq",
+        ),
+        (lambda d: d.update(markers=[{}]), r"^rules.toml: unknown key 'markers' \(did you mean 'marker'\?\)$"),
     ],
 )
 def test_bad_rules_are_refused_with_the_entry_named(edit: Any, message: str) -> None:
@@ -75,6 +101,22 @@ def test_bad_rules_are_refused_with_the_entry_named(edit: Any, message: str) -> 
     edit(data)
     with pytest.raises(RulesError, match=message):
         parse_rules(data)
+
+
+def test_a_bad_rule_row_is_named_by_file_row_id_and_key(tmp_path: Path) -> None:
+    """A site's rules file with one bad row: one line naming the file, the row (number and id) and the key, as
+    every data file read by kernel.toml_reader says it."""
+    text = resources.files("kernel.analyzer").joinpath("rules.toml").read_text(encoding="utf-8")
+    number = next(i for i, rule in enumerate(shipped()["rule"], 1) if "hang" not in rule)
+    parts = text.split("\n[[rule]]\n")
+    parts[number] = 'hang = "yes"\n' + parts[number]
+    path = tmp_path / "site-rules.toml"
+    path.write_text("\n[[rule]]\n".join(parts))
+    with pytest.raises(RulesError) as raised:
+        load_rules(path)
+    rule_id = shipped()["rule"][number - 1]["id"]
+    assert str(raised.value) == f"{path} [[rule]] #{number} ({rule_id}): 'hang' must be true or false, got 'yes'"
+    assert isinstance(raised.value, ConfigError)  # caught wherever a bad data file is
 
 
 def test_load_rules_from_a_file(tmp_path: Path) -> None:

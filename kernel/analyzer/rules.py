@@ -7,15 +7,14 @@ a typo in the data fails at load time with the rule's id instead of misclassifyi
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from kernel.analyzer.needles import needles_of
+from kernel.toml_reader import ConfigError, TomlReader, packaged, read_toml
 from protos.vocab import CATEGORIES, PHASES, UNKNOWN_PHASE
 
 RuleKind = Literal["root", "wrapper", "benign", "weak"]
@@ -23,8 +22,8 @@ _KINDS: tuple[RuleKind, ...] = ("root", "wrapper", "benign", "weak")
 _NAMED_GROUP = re.compile(r"\(\?P<\w+>")
 
 
-class RulesError(ValueError):
-    """rules.toml cannot be used; the message names the entry and the key."""
+class RulesError(ConfigError):
+    """rules.toml cannot be used; the message names the file, the row and the key."""
 
 
 @dataclass(frozen=True)
@@ -173,234 +172,190 @@ class Rules:
         return self.hints.get(category, self.hints.get("other", ""))
 
 
-class _Table:
-    """Typed access to one TOML table; errors name the entry."""
-
-    def __init__(self, data: Mapping[str, Any], where: str) -> None:
-        self.data = data
-        self.where = where
-
-    def _get(self, key: str, kinds: tuple[type, ...], what: str, default: Any) -> Any:
-        if key not in self.data:
-            if default is _REQUIRED:
-                raise RulesError(f"{self.where}: missing {key!r}")
-            return default
-        value = self.data[key]
-        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-            raise RulesError(f"{self.where}: {key!r} must be {what}, got {value!r}")
-        return value
-
-    def text(self, key: str, default: Any = None) -> Any:
-        return self._get(key, (str,), "a string", _REQUIRED if default is None else default)
-
-    def optional_text(self, key: str) -> str | None:
-        value: str | None = self._get(key, (str,), "a string", None)
-        return value
-
-    def integer(self, key: str) -> int:
-        value: int = self._get(key, (int,), "an integer", _REQUIRED)
-        return value
-
-    def flag(self, key: str) -> bool:
-        value: bool = self._get(key, (bool,), "true or false", False)
-        return value
-
-    def texts(self, key: str) -> list[str]:
-        values = self._get(key, (list,), "a list of strings", [])
-        if not all(isinstance(v, str) for v in values):
-            raise RulesError(f"{self.where}: {key!r} must be a list of strings")
-        return list(values)
-
-    def mapping_of_texts(self) -> dict[str, str]:
-        if not all(isinstance(v, str) for v in self.data.values()):
-            raise RulesError(f"{self.where}: every value must be a string")
-        return dict(self.data)
-
-    def mapping(self, key: str) -> dict[str, str]:
-        value = self._get(key, (dict,), "a table of strings", {})
-        if not all(isinstance(v, str) for v in value.values()):
-            raise RulesError(f"{self.where}: {key!r} must be a table of strings")
-        return dict(value)
-
-    def items(self, key: str) -> list[Any]:
-        values: list[Any] = self._get(key, (list,), "a list", [])
-        return values
-
-    def tables(self, key: str) -> list[_Table]:
-        values = self._get(key, (list,), "an array of tables", [])
-        if not all(isinstance(v, dict) for v in values):
-            raise RulesError(f"{self.where}: {key!r} must be an array of tables")
-        return [_Table(v, f"{key}[{i}]") for i, v in enumerate(values)]
-
-    def table(self, key: str) -> _Table:
-        return _Table(self._get(key, (dict,), "a table", {}), key)
-
-    def regex(self, key: str) -> re.Pattern[str]:
-        return _compile(self.text(key), f"{self.where}.{key}")
-
-    def phase(self, key: str) -> str | None:
-        return _check_id(self.optional_text(key), PHASES, "phase", f"{self.where}.{key}")
-
-    def category(self, key: str) -> str | None:
-        return _check_id(self.optional_text(key), CATEGORIES, "category", f"{self.where}.{key}")
-
-
-_REQUIRED = object()
-
-
-def _check_id(value: str | None, allowed: Iterable[str], what: str, where: str) -> str | None:
-    if value is not None and value not in allowed:
-        raise RulesError(f"{where}: unknown {what} {value!r}; expected one of: {', '.join(allowed)}")
-    return value
-
-
-def _compile(pattern: str, where: str) -> re.Pattern[str]:
-    try:
-        return re.compile(pattern)
-    except re.error as exc:
-        raise RulesError(f"{where}: bad regex {pattern!r}: {exc}") from None
-
-
 def gate(patterns: Iterable[re.Pattern[str]], where: str = "gate") -> re.Pattern[str]:
     """One alternation of many patterns (named groups dropped), matching where any of them would;
     `re` caches compiled patterns, so rebuilding the same gate is cheap."""
     parts = [f"(?:{_NAMED_GROUP.sub('(?:', p.pattern)})" for p in patterns]
-    return _compile("|".join(parts) or r"(?!)", where)
+    try:
+        return re.compile("|".join(parts) or r"(?!)")
+    except re.error as exc:
+        raise RulesError(f"{where}: the patterns do not compile as one alternation: {exc}") from None
 
 
-def _required_phase(table: _Table, key: str) -> str:
-    phase = _check_id(table.text(key), PHASES, "phase", f"{table.where}.{key}")
-    assert phase is not None
-    return phase
+def parse_rules(data: dict[str, Any], origin: str = "rules.toml") -> Rules:
+    """Rules from the parsed TOML, read by the project's one typed reader: RulesError names the file, the row
+    and the key."""
+    try:
+        return TomlReader(data, origin).strictly(_rules)
+    except ConfigError as exc:
+        raise RulesError(str(exc)) from None
 
 
-def _required_category(table: _Table, key: str) -> str:
-    category = _check_id(table.text(key), CATEGORIES, "category", f"{table.where}.{key}")
-    assert category is not None
-    return category
-
-
-def _phase_map(table: _Table, key: str) -> dict[str, str]:
-    mapping = table.mapping(key)
-    for phase, category in mapping.items():
-        _check_id(phase, PHASES, "phase", f"{table.where}.{key}")
-        _check_id(category, CATEGORIES, "category", f"{table.where}.{key}.{phase}")
-    return mapping
-
-
-def parse_rules(data: Mapping[str, Any], origin: str = "rules.toml") -> Rules:
-    """Rules from the parsed TOML; RulesError names the offending entry."""
-    top = _Table(data, origin)
-    if top.integer("version") != 1:
-        raise RulesError(f"{origin}: unsupported version {data['version']!r} (expected 1)")
-    line = top.table("line")
-    syntax = LineSyntax(
-        max_chars=line.integer("max_chars"),
-        ansi=line.regex("ansi"),
-        wrappers=tuple(_compile(p, "line.wrappers") for p in line.texts("wrappers")),
-        process=line.regex("process"),
-        suffixes=tuple(_compile(p, "line.suffixes") for p in line.texts("suffixes")),
-        headers=tuple(_compile(p, "line.headers") for p in line.texts("headers")),
-        error_levels=frozenset(line.texts("error_levels")),
-        warning_levels=frozenset(line.texts("warning_levels")) if "warning_levels" in line.data else frozenset(),
-        code=line.regex("code"),
-        quoted=line.regex("quoted") if "quoted" in line.data else None,
-        relogged=line.regex("relogged") if "relogged" in line.data else None,
-        joined=line.regex("joined") if "joined" in line.data else None,
+def _rules(top: TomlReader) -> Rules:
+    if (version := top.whole("version")) != 1:
+        raise top.fail(f"unsupported version {version!r} (expected 1)")
+    line = top.section("line").strictly(_line)
+    traceback = top.section("traceback").strictly(_traceback)
+    markers = tuple(row.strictly(_marker) for row in top.rows("marker", required=False))
+    contexts = tuple(row.strictly(_context) for row in top.rows("context", required=False))
+    stop = top.section("stop", required=False).strictly(_pattern)
+    frame_hints = _frame_hints(top, "frame_hint")
+    rules = _error_rules(top)
+    hints = _hints(top)
+    warned = [r.pattern for r in rules if r.warned]
+    defaults = top.section("defaults")
+    signature = top.section("signature")
+    parsed = Rules(
+        line=line,
+        traceback=traceback,
+        # "unknown": an error nothing in the log places is reported so, never with a guessed phase.
+        default_phase=defaults.choice("phase", (*PHASES, UNKNOWN_PHASE)),
+        default_category=defaults.choice("category", CATEGORIES),
+        category_by_phase=defaults.text_table("category_by_phase", PHASES, CATEGORIES),
+        markers=markers,
+        contexts=contexts,
+        idle=top.section("idle", required=False).strictly(_pattern),
+        stop=stop,
+        hangs=tuple(row.strictly(_hang) for row in top.rows("hang", required=False)),
+        frame_hints=frame_hints,
+        module_hints=_frame_hints(top, "module_hint"),
+        rules=rules,
+        hints=hints,
+        secondary_oom_hint=hints.get("secondary_oom", ""),
+        signature_replace=_replacements(signature),
+        signature_max_chars=signature.whole("max_chars"),
+        rule_gate=gate((r.pattern for r in rules), f"{top.origin} [[rule]]"),
+        frame_gate=gate((h.pattern for h in frame_hints), f"{top.origin} [[frame_hint]]"),
+        context_frame_gate=gate((c.frames for c in contexts if c.frames), f"{top.origin} [[context]] frames"),
+        scan=_scan(line, traceback, markers, contexts, rules, stop),
+        warned_gate=gate(warned, f"{top.origin} [[rule]] warned") if warned else None,
+        request_evidence=defaults.optional_regex("request_evidence"),
+        serving_seq=defaults.whole("serving_seq", 100),
+        startup_frames=defaults.optional_regex("startup_frames"),
+        method_named=defaults.optional_regex("method_named"),
     )
-    tb = top.table("traceback")
-    traceback = TracebackSyntax(
+    for section in (defaults, signature):  # read above, key by key: what they did not ask for is a typo
+        section.only(section.read)
+    return parsed
+
+
+def _line(line: TomlReader) -> LineSyntax:
+    return LineSyntax(
+        max_chars=line.whole("max_chars"),
+        ansi=line.regex("ansi"),
+        wrappers=tuple(line.regexes("wrappers")),
+        process=line.regex("process"),
+        suffixes=tuple(line.regexes("suffixes")),
+        headers=tuple(line.regexes("headers")),
+        error_levels=frozenset(line.texts("error_levels")),
+        warning_levels=frozenset(line.texts("warning_levels")),
+        code=line.regex("code"),
+        quoted=line.optional_regex("quoted"),
+        relogged=line.optional_regex("relogged"),
+        joined=line.optional_regex("joined"),
+    )
+
+
+def _traceback(tb: TomlReader) -> TracebackSyntax:
+    return TracebackSyntax(
         start=tb.regex("start"),
         chain=tb.regex("chain"),
         frame=tb.regex("frame"),
         exception=tb.regex("exception"),
         standalone=tb.regex("standalone"),
-        max_message_lines=tb.integer("max_message_lines"),
-        max_wait_lines=tb.integer("max_wait_lines"),
-        header_wait_lines=tb.integer("header_wait_lines"),
-        titled=tb.regex("titled") if "titled" in tb.data else None,
+        max_message_lines=tb.whole("max_message_lines"),
+        max_wait_lines=tb.whole("max_wait_lines"),
+        header_wait_lines=tb.whole("header_wait_lines"),
+        titled=tb.optional_regex("titled"),
     )
-    defaults = top.table("defaults")
-    markers = tuple(
-        Marker(_required_phase(m, "phase"), m.regex("pattern"), m.flag("ready"), m.flag("reset"))
-        for m in top.tables("marker")
+
+
+def _marker(row: TomlReader) -> Marker:
+    return Marker(row.choice("phase", PHASES), row.regex("pattern"), row.flag("ready", False), row.flag("reset", False))
+
+
+def _context(row: TomlReader) -> Context:
+    return Context(
+        row.text("name"),
+        row.regex("start"),
+        row.regex("end"),
+        row.optional_choice("category", CATEGORIES),
+        row.flag("secondary_oom", False),
+        row.optional_regex("frames"),
     )
-    contexts = tuple(
-        Context(
-            c.text("name"),
-            c.regex("start"),
-            c.regex("end"),
-            c.category("category"),
-            c.flag("secondary_oom"),
-            c.regex("frames") if "frames" in c.data else None,
-        )
-        for c in top.tables("context")
-    )
-    idle_table = top.table("idle")
-    idle = idle_table.regex("pattern") if "pattern" in idle_table.data else None
-    stop_table = top.table("stop")
-    stop = stop_table.regex("pattern") if "pattern" in stop_table.data else None
-    frame_hints = tuple(FrameHint(_required_phase(h, "phase"), h.regex("pattern")) for h in top.tables("frame_hint"))
-    module_hints = tuple(FrameHint(_required_phase(h, "phase"), h.regex("pattern")) for h in top.tables("module_hint"))
-    hangs = tuple(
-        HangRule(_required_category(h, "category"), h.regex("pattern"), h.optional_text("hint") or "")
-        for h in top.tables("hang")
-    )
-    rules = tuple(_rule(r) for r in top.tables("rule"))
+
+
+def _frame_hints(top: TomlReader, key: str) -> tuple[FrameHint, ...]:
+    return tuple(row.strictly(_frame_hint) for row in top.rows(key, required=False))
+
+
+def _frame_hint(row: TomlReader) -> FrameHint:
+    return FrameHint(row.choice("phase", PHASES), row.regex("pattern"))
+
+
+def _pattern(section: TomlReader) -> re.Pattern[str] | None:
+    """[idle] and [stop]: one optional pattern."""
+    return section.optional_regex("pattern")
+
+
+def _hang(row: TomlReader) -> HangRule:
+    return HangRule(row.choice("category", CATEGORIES), row.regex("pattern"), row.text("hint", ""))
+
+
+def _error_rules(top: TomlReader) -> tuple[ErrorRule, ...]:
+    rules = tuple(row.strictly(_rule) for row in top.rows("rule", required=False))
     ids = [r.id for r in rules]
     if duplicates := sorted({i for i in ids if ids.count(i) > 1}):
-        raise RulesError(f"{origin}: duplicate rule ids: {', '.join(duplicates)}")
-    hints = top.table("hints").mapping_of_texts()
-    for key in hints:
-        if key != "secondary_oom":
-            _check_id(key, CATEGORIES, "category", f"hints.{key}")
-    missing = [c for c in CATEGORIES if c not in hints]
-    if missing:
-        raise RulesError(f"hints: no hint for categories: {', '.join(missing)}")
-    scan = _scan(syntax, traceback, markers, contexts, rules, stop)
-    sig = top.table("signature")
-    replacements: list[tuple[re.Pattern[str], str]] = []
-    for i, pair in enumerate(sig.items("replace")):
-        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
-            raise RulesError(f"signature.replace[{i}]: must be [pattern, replacement]")
-        replacements.append((_compile(pair[0], f"signature.replace[{i}]"), pair[1]))
-    return Rules(
-        line=syntax,
-        traceback=traceback,
-        # "unknown": an error nothing in the log places is reported so, never with a guessed phase.
-        default_phase=(
-            UNKNOWN_PHASE if defaults.text("phase") == UNKNOWN_PHASE else _required_phase(defaults, "phase")
-        ),
-        default_category=_check_id(defaults.text("category"), CATEGORIES, "category", "defaults.category") or "",
-        category_by_phase=_phase_map(defaults, "category_by_phase"),
-        markers=markers,
-        contexts=contexts,
-        idle=idle,
-        stop=stop,
-        hangs=hangs,
-        frame_hints=frame_hints,
-        module_hints=module_hints,
-        rules=rules,
-        hints=hints,
-        secondary_oom_hint=hints.get("secondary_oom", ""),
-        signature_replace=tuple(replacements),
-        signature_max_chars=sig.integer("max_chars"),
-        rule_gate=gate((r.pattern for r in rules), "rule gate"),
-        frame_gate=gate((h.pattern for h in frame_hints), "frame gate"),
-        context_frame_gate=gate((c.frames for c in contexts if c.frames), "context frame gate"),
-        scan=scan,
-        warned_gate=gate((r.pattern for r in rules if r.warned), "warned gate")
-        if any(r.warned for r in rules)
-        else None,
-        request_evidence=(
-            _compile(defaults.text("request_evidence"), "defaults.request_evidence")
-            if "request_evidence" in defaults.data
-            else None
-        ),
-        serving_seq=defaults.integer("serving_seq") if "serving_seq" in defaults.data else 100,
-        startup_frames=defaults.regex("startup_frames") if "startup_frames" in defaults.data else None,
-        method_named=defaults.regex("method_named") if "method_named" in defaults.data else None,
+        raise top.fail(f"duplicate rule ids: {', '.join(duplicates)}")
+    return rules
+
+
+def _rule(row: TomlReader) -> ErrorRule:
+    pattern = row.regex("pattern")
+    hint = row.text("hint", "") or None
+    for name in re.findall(r"\{(\w+)\}", hint or ""):
+        if name not in pattern.groupindex:
+            raise row.fail(f"'hint' names {{{name}}}, not a group of the pattern")
+    kind: RuleKind = cast(RuleKind, row.choice("kind", _KINDS, "root"))
+    return ErrorRule(
+        id=row.text("id"),
+        kind=kind,
+        pattern=pattern,
+        category=row.optional_choice("category", CATEGORIES),
+        category_by_phase=row.text_table("category_by_phase", PHASES, CATEGORIES),
+        phase=row.optional_choice("phase", PHASES),
+        phase_fixed=row.flag("phase_fixed", False),
+        secondary_oom=row.flag("secondary_oom", False),
+        suppress_traceback=row.flag("suppress_traceback", False),
+        hang=row.flag("hang", False),
+        phase_usual=row.flag("phase_usual", False),
+        startup=row.flag("startup", False),
+        hint=hint,
+        examples=tuple(row.texts("examples")),
+        cause_follows=row.optional_regex("cause_follows"),
+        warned=row.flag("warned", False),
     )
+
+
+def _hints(top: TomlReader) -> dict[str, str]:
+    """A hint for every category (the one shown when the error's rule has none), and secondary_oom's."""
+    hints = top.text_table("hints", keys=(*CATEGORIES, "secondary_oom"))
+    if missing := [c for c in CATEGORIES if c not in hints]:
+        raise top.fail(f"[hints]: no hint for categories: {', '.join(missing)}")
+    return hints
+
+
+def _replacements(signature: TomlReader) -> tuple[tuple[re.Pattern[str], str], ...]:
+    """[signature] replace: [pattern, replacement] pairs applied to an error's line before it is compared."""
+    pairs = signature.value("replace", [])
+    if not isinstance(pairs, list):
+        raise signature.fail(f"'replace' must be a list of [pattern, replacement], got {pairs!r}")
+    out = []
+    for i, pair in enumerate(pairs):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
+            raise signature.fail(f"'replace'[{i}] must be [pattern, replacement], got {pair!r}")
+        out.append((signature.compile(pair[0], f"replace[{i}]"), pair[1]))
+    return tuple(out)
 
 
 def _scan(
@@ -428,50 +383,20 @@ def _scan(
     )
 
 
-def _rule(table: _Table) -> ErrorRule:
-    rule_id = table.text("id")
-    table.where = f"rule {rule_id!r}"
-    kind = table.text("kind", "root")
-    if kind not in _KINDS:
-        raise RulesError(f"{table.where}: kind must be one of {', '.join(_KINDS)}, got {kind!r}")
-    pattern = table.regex("pattern")
-    hint = table.optional_text("hint")
-    if hint is not None:
-        for name in re.findall(r"\{(\w+)\}", hint):
-            if name not in pattern.groupindex:
-                raise RulesError(f"{table.where}: hint names {{{name}}}, not a group of the pattern")
-    return ErrorRule(
-        id=rule_id,
-        kind=kind,
-        pattern=pattern,
-        category=table.category("category"),
-        category_by_phase=_phase_map(table, "category_by_phase"),
-        phase=table.phase("phase"),
-        phase_fixed=table.flag("phase_fixed"),
-        secondary_oom=table.flag("secondary_oom"),
-        suppress_traceback=table.flag("suppress_traceback"),
-        hang=table.flag("hang"),
-        phase_usual=table.flag("phase_usual"),
-        startup=table.flag("startup"),
-        hint=hint,
-        examples=tuple(table.texts("examples")),
-        cause_follows=table.regex("cause_follows") if "cause_follows" in table.data else None,
-        warned=table.flag("warned"),
-    )
-
-
 def load_rules(path: str | Path) -> Rules:
     """Rules from a TOML file (a site's own rule set, or a test's)."""
-    path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise RulesError(f"{path}: {exc}") from None
+        data = read_toml(Path(path))
+    except ConfigError as exc:
+        raise RulesError(str(exc)) from None
     return parse_rules(data, str(path))
 
 
 @cache
 def default_rules() -> Rules:
     """The shipped rules.toml, parsed once per process."""
-    text = resources.files("kernel.analyzer").joinpath("rules.toml").read_text(encoding="utf-8")
-    return parse_rules(tomllib.loads(text))
+    try:
+        shipped = packaged("rules.toml", "kernel.analyzer")
+    except ConfigError as exc:
+        raise RulesError(str(exc)) from None
+    return parse_rules(shipped.data, shipped.origin)
