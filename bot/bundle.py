@@ -27,7 +27,6 @@ import sqlite3
 import tarfile
 import zlib
 from dataclasses import asdict, dataclass, replace
-from datetime import UTC, datetime
 from hashlib import sha256
 from importlib.metadata import version
 from pathlib import Path
@@ -41,6 +40,7 @@ from bot.ids import new_run_id
 from bot.record import LadderStep, RunRecord, StageResult, image_digest
 from bot.report import report
 from bot.store import FINAL, Run, Store
+from kernel.clock import WALL
 from kernel.redact import map_strings, printable, redactor
 from protos import runner_pb2 as pb
 from protos.vocab import API_PATHS, DEFAULT_API, DEFAULT_REPEATS
@@ -208,7 +208,7 @@ def export_bundle(store: Store, run_id: str, ended: tuple[str, str | None] | Non
     manifest = {
         "format": FORMAT,
         "produced_by": f"k3repro {version('k3repro')}",
-        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "created_at": WALL.stamp("seconds"),
         "run_id": run.id,
         "members": {name: {"sha256": sha256(data).hexdigest(), "bytes": len(data)} for name, data in members.items()},
     }
@@ -393,7 +393,7 @@ def import_bundle(store: Store, bundle: Bundle) -> Run:
         pass
     else:
         run_id = new_run_id()
-    stamp = datetime.now(UTC).isoformat(timespec="milliseconds")
+    stamp = WALL.stamp()
     launch, body = bundle.launch, bundle.request_body()
     asked = bundle.json("request.json")
     request: dict[str, Any] = {

@@ -9,7 +9,6 @@ order.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ from bot.config import BotConfig
 from bot.refusal import Refused
 from bot.runner_client import open_channel, rpc_error_text
 from bot.store import ERROR, LOST, AsyncStore, Store
+from kernel.clock import WALL
 from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
 from protos.vocab import to_id
@@ -126,8 +126,8 @@ async def _follow(
             problem = rpc_error_text(exc)
         except TimeoutError:
             problem = f"no event or heartbeat for {STREAM_IDLE_S:.0f} s"
-        lost_since = lost_since or time.monotonic()
-        if time.monotonic() - lost_since > config.reconnect_for_s:
+        lost_since = lost_since or WALL.monotonic()
+        if WALL.monotonic() - lost_since > config.reconnect_for_s:
             message = f"lost contact with runner {address} for {config.reconnect_for_s:.0f} s: {problem}"
             await _record_error(store, run_id, LOST, message)
             raise RunLost(message)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from bot.config import BotConfig
 from bot.slack import socket_mode
 from bot.slack.service import SlackBot
 from bot.store import Store
+from kernel.clock import WALL
 
 SLACK_PATH = "/slack/events"
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -72,7 +72,7 @@ def web_app(bot: SlackBot) -> web.Application:
         A signed body nesting JSON deeper than MAX_JSON_DEPTH is refused in one line."""
         if bot.app is None:
             return web.Response(status=503, text="starting")
-        started = time.perf_counter()
+        started = WALL.monotonic()
         body = await request.text()
         stamp = request.headers.get("X-Slack-Request-Timestamp", "")
         signature = request.headers.get("X-Slack-Signature", "")
@@ -85,7 +85,7 @@ def web_app(bot: SlackBot) -> web.Application:
                 response = await to_aiohttp_response(await bot.app.async_dispatch(await to_bolt_request(request)))
             except RecursionError:  # not reached past the depth bound; never a traceback if it were
                 response = web.Response(status=400, text="the request's JSON nests too deep")
-        bot.metrics.inc("k3repro_slack_http_seconds_total", time.perf_counter() - started)
+        bot.metrics.inc("k3repro_slack_http_seconds_total", WALL.monotonic() - started)
         bot.metrics.inc("k3repro_slack_http_requests_total", status=str(response.status))
         return response
 

@@ -5,6 +5,11 @@ backend's clock does too: the runner and the engine it follows then count the sa
 `ready_timeout_s`, `stall_timeout_s`, `request_timeout_s` and every wait below mean seconds of engine time
 whichever backend runs. Stage logic only ever uses `ctx.clock`. What faces the bot (heartbeats, the daemon's
 grace, the journal) stays on the wall clock.
+
+`WallClock` is that wall clock, the one "now" of each side: the runner's journal, retention and fingerprints,
+the bot's store timestamps, outbox back-off, Slack access windows and isolation polls. This module is the only
+production code that reads the system's time (tests/test_one_clock.py holds every other to it), so a test fakes
+time by handing a component another `WallClock`, never by patching `time`.
 """
 
 from __future__ import annotations
@@ -13,10 +18,44 @@ import asyncio
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 JITTER_S = 1.0  # the wall seconds a scaled clock's limits allow for a loaded machine not scheduling a process
 POLL_FLOOR_S = 0.02  # the shortest wall interval between two looks: looking costs the machine's time, not the engine's
+
+
+class WallClock:
+    """The wall clock of one side. Each process is one side and has one, `WALL`; a component whose time a test
+    controls takes it as `clock` (defaulting to `WALL`), and a subclass that overrides `now`, `monotonic` and
+    `sleep` fakes it whole (`utc` and `stamp` derive from `now`)."""
+
+    def now(self) -> float:
+        """Seconds since the epoch (what a stored time or a deadline kept across restarts is in)."""
+        return time.time()
+
+    def monotonic(self) -> float:
+        """Seconds that never go back (what an interval, a pace or a deadline within this process is in)."""
+        return time.monotonic()
+
+    def utc(self) -> datetime:
+        """Now as an aware UTC datetime."""
+        return datetime.fromtimestamp(self.now(), UTC)
+
+    def stamp(self, timespec: str = "milliseconds") -> str:
+        """Now as ISO 8601 UTC text (the stores' and the journal's timestamps, which sort as text)."""
+        return self.utc().isoformat(timespec=timespec)
+
+    async def sleep(self, seconds: float) -> None:
+        """Waits `seconds` of this clock (a poll, a back-off)."""
+        await asyncio.sleep(seconds)
+
+    def pause(self, seconds: float) -> None:
+        """Blocks the calling thread `seconds` of this clock (a poll in code that runs off the event loop)."""
+        time.sleep(seconds)
+
+
+WALL = WallClock()  # the side's one wall clock: every process is one side (the runner daemon or the bot)
 
 
 @dataclass(frozen=True)

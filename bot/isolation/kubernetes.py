@@ -3,8 +3,6 @@ started, watched and removed through lightkube (its client: auth, TLS, rotated s
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,6 +20,7 @@ from lightkube.types import CascadeType
 
 from bot.config import IsolationConfig
 from bot.isolation.base import IsolationError, Placement
+from kernel.clock import WALL, WallClock
 
 GONE_S = 30.0
 T = TypeVar("T")
@@ -66,8 +65,9 @@ def seconds(limit: str) -> int:
 class KubernetesProvider:
     name = "kubernetes"
 
-    def __init__(self, isolation: IsolationConfig) -> None:
+    def __init__(self, isolation: IsolationConfig, clock: WallClock = WALL) -> None:
         self.config = isolation
+        self.clock = clock  # queue waits and polls
 
     def job(self, rerun_id: str) -> dict[str, Any]:
         c = self.config
@@ -105,7 +105,7 @@ class KubernetesProvider:
             await self._delete(client, placement.handle)
 
     async def _until_running(self, client: AsyncClient, name: str) -> tuple[str, str]:
-        deadline = time.monotonic() + self.config.queue_wait_s
+        deadline = self.clock.monotonic() + self.config.queue_wait_s
         while True:
             pod = await _api(_first_pod(client, name))
             status = pod.status if pod is not None else None
@@ -115,25 +115,25 @@ class KubernetesProvider:
                 return status.podIP, node or "?"
             if phase in ("Succeeded", "Failed"):
                 raise IsolationError(f"kubernetes job {name} ended before its runner came up ({phase})")
-            if time.monotonic() >= deadline:
+            if self.clock.monotonic() >= deadline:
                 conditions = (status.conditions if status is not None else None) or []
                 why = next((c.message for c in conditions if c.message), "")
                 raise IsolationError(
                     f"kubernetes job {name} did not start within {self.config.queue_wait_s:g} s "
                     f"({phase}: {why or 'no reason given'}); it was deleted"
                 )
-            await asyncio.sleep(self.config.poll_s)
+            await self.clock.sleep(self.config.poll_s)
 
     async def _delete(self, client: AsyncClient, name: str) -> None:
         """Deletes the Job with its pods (background propagation) and waits, bounded, until it is gone."""
         namespace = self.config.namespace
-        deadline = time.monotonic() + GONE_S
+        deadline = self.clock.monotonic() + GONE_S
         if not await _api(_missing_ok(client.delete(Job, name, namespace=namespace, cascade=CascadeType.BACKGROUND))):
             return
-        while time.monotonic() < deadline:
+        while self.clock.monotonic() < deadline:
             if not await _api(_missing_ok(client.get(Job, name, namespace=namespace))):
                 return
-            await asyncio.sleep(self.config.poll_s)
+            await self.clock.sleep(self.config.poll_s)
 
     @asynccontextmanager
     async def _client(self) -> AsyncIterator[AsyncClient]:

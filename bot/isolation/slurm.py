@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from bot.config import IsolationConfig
 from bot.isolation.base import IsolationError, Placement
+from kernel.clock import WALL, WallClock
 
 START_S = 60.0  # from RUNNING to the runner's port file: the runner's own start-up
 GONE_S = 30.0  # after scancel: how long release waits for the job to leave the queue
@@ -39,8 +39,9 @@ JOB_ENV_PREFIXES = ("LC_", "HF_", "HUGGING_FACE_")
 class SlurmProvider:
     name = "slurm"
 
-    def __init__(self, isolation: IsolationConfig) -> None:
+    def __init__(self, isolation: IsolationConfig, clock: WallClock = WALL) -> None:
         self.config = isolation
+        self.clock = clock  # queue waits and polls
 
     def sbatch_argv(self, rerun_id: str, work: Path) -> list[str]:
         """Never a shell string: every setting is one argument."""
@@ -81,29 +82,29 @@ class SlurmProvider:
         return Placement(self.name, f"{node}:{port}", f"slurm job {job} on node {node}", job)
 
     async def _until_running(self, job: str) -> str:
-        deadline = time.monotonic() + self.config.queue_wait_s
+        deadline = self.clock.monotonic() + self.config.queue_wait_s
         while True:
             state, node, reason = await _job(job)
             if state == "RUNNING" and node:
                 return node
             if state not in LIVE_STATES:
                 raise IsolationError(f"slurm job {job} ended before its runner came up ({state or 'gone'})")
-            if time.monotonic() >= deadline:
+            if self.clock.monotonic() >= deadline:
                 raise IsolationError(
                     f"slurm job {job} did not start within {self.config.queue_wait_s:g} s "
                     f"({state}: {reason or 'no reason given'}); it was cancelled"
                 )
-            await asyncio.sleep(self.config.poll_s)
+            await self.clock.sleep(self.config.poll_s)
 
     async def _port(self, job: str, work: Path) -> int:
         port_file = work / "port"
-        deadline = time.monotonic() + START_S
+        deadline = self.clock.monotonic() + START_S
         while not port_file.exists():
             state, _, _ = await _job(job)
-            if state not in LIVE_STATES or time.monotonic() >= deadline:
+            if state not in LIVE_STATES or self.clock.monotonic() >= deadline:
                 tail = _tail(work / "job.out")
                 raise IsolationError(f"slurm job {job}: the runner did not come up ({state or 'gone'}){tail}")
-            await asyncio.sleep(min(self.config.poll_s, 0.2))
+            await self.clock.sleep(min(self.config.poll_s, 0.2))
         return int(port_file.read_text().strip())
 
     async def release(self, placement: Placement) -> None:
@@ -113,11 +114,11 @@ class SlurmProvider:
         except IsolationError:
             if (await _job(job))[0] in LIVE_STATES:
                 raise  # a job that ended by itself needs no scancel; one still live does
-        deadline = time.monotonic() + GONE_S
+        deadline = self.clock.monotonic() + GONE_S
         while True:
-            if (await _job(job))[0] not in LIVE_STATES or time.monotonic() >= deadline:
+            if (await _job(job))[0] not in LIVE_STATES or self.clock.monotonic() >= deadline:
                 return
-            await asyncio.sleep(0.2)
+            await self.clock.sleep(0.2)
 
 
 def job_env(environ: Mapping[str, str]) -> list[str]:

@@ -6,23 +6,23 @@ before the ack); only a user-group membership needs Slack, and is cached.
 
 from __future__ import annotations
 
-import time
-
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.config import BotConfig, ClusterConfig
 from bot.refusal import Refused
 from bot.slack.outbox import slack_error
+from kernel.clock import WALL, WallClock
 from kernel.toml_reader import ConfigError
 
 GROUP_TTL_S = 300.0
 
 
 class Access:
-    def __init__(self, config: BotConfig, client: AsyncWebClient) -> None:
+    def __init__(self, config: BotConfig, client: AsyncWebClient, clock: WallClock = WALL) -> None:
         self.config = config
         self.client = client
+        self.clock = clock  # how long a user group's members are trusted (GROUP_TTL_S)
         self._groups: dict[str, tuple[float, frozenset[str]]] = {}
 
     def cluster(self, name: str) -> ClusterConfig:
@@ -75,12 +75,12 @@ class Access:
 
     async def _members(self, group: str) -> frozenset[str]:
         cached = self._groups.get(group)
-        if cached is not None and time.monotonic() - cached[0] < GROUP_TTL_S:
+        if cached is not None and self.clock.monotonic() - cached[0] < GROUP_TTL_S:
             return cached[1]
         try:
             answer = await self.client.usergroups_users_list(usergroup=group)
         except SlackApiError as exc:
             raise Refused(f"cannot check membership of user group {group}: {slack_error(exc)}") from None
         members = frozenset(answer.get("users") or [])
-        self._groups[group] = (time.monotonic(), members)
+        self._groups[group] = (self.clock.monotonic(), members)
         return members

@@ -19,7 +19,6 @@ import asyncio
 import base64
 import json
 import logging
-import time
 from collections.abc import Awaitable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
@@ -34,6 +33,7 @@ from bot.config import SlackConfig
 from bot.slack.metrics import Metrics
 from bot.slack.tasks import TaskSet
 from bot.store import THREAD_REFS, AsyncStore, OutboxRow, Posted, Store
+from kernel.clock import WALL, WallClock
 
 log = logging.getLogger("k3repro.slack.outbox")
 T = TypeVar("T")
@@ -97,8 +97,11 @@ class LookupFailed(Exception):
 
 
 class Outbox:
-    def __init__(self, store: AsyncStore, client: AsyncWebClient, config: SlackConfig, metrics: Metrics) -> None:
+    def __init__(
+        self, store: AsyncStore, client: AsyncWebClient, config: SlackConfig, metrics: Metrics, clock: WallClock = WALL
+    ) -> None:
         self.store = store
+        self.clock = clock  # lane pauses and pace (monotonic), a row's not_before (epoch: it outlives a restart)
         self.client = client
         self.metrics = metrics
         self.timeout_s = config.timeout_s
@@ -160,13 +163,13 @@ class Outbox:
 
     async def _send_next(self, lane: str, rows: list[OutboxRow]) -> float:
         """Sends the first write that is due; returns how long to wait before looking again (0: at once)."""
-        pause = self._paused.get(lane, 0.0) - time.monotonic()
+        pause = self._paused.get(lane, 0.0) - self.clock.monotonic()
         if pause > 0:
             return pause
         ordered = lane.startswith("post:")
         waits: list[float] = []
         for row in rows if not ordered else rows[:1]:
-            due = row.not_before - time.time()
+            due = row.not_before - self.clock.now()
             if due > 0:
                 waits.append(due)
                 continue
@@ -180,13 +183,15 @@ class Outbox:
             if refs is None:
                 waits.append(DEPENDENCY_POLL_S)
                 continue
-            pace = self._last_sent.get(lane, 0.0) + self.intervals.get(lane, self.post_interval_s) - time.monotonic()
+            pace = (
+                self._last_sent.get(lane, 0.0) + self.intervals.get(lane, self.post_interval_s) - self.clock.monotonic()
+            )
             if pace > 0:
                 return pace
             try:
                 await self._send(row, write, refs)
             finally:  # paced from the answer: the next call reaches Slack a whole interval after this one did
-                self._last_sent[lane] = time.monotonic()
+                self._last_sent[lane] = self.clock.monotonic()
             return 0
         return min(waits)
 
@@ -200,13 +205,13 @@ class Outbox:
             delay = _retry_after(exc.__cause__) or _backoff(row)
             outcome = await self._retry(row, write, delay, f"lookup failed: {exc}", "retried")
             if isinstance(exc.__cause__, SlackApiError) and exc.__cause__.response.status_code == 429:
-                self._paused[write.lane] = time.monotonic() + delay
+                self._paused[write.lane] = self.clock.monotonic() + delay
         except SlackApiError as exc:
             status, error = exc.response.status_code, slack_error(exc)
             if status == 429:
                 retry_after = _retry_after(exc) or 1.0
                 outcome = await self._retry(row, write, retry_after, RATELIMITED, "ratelimited")
-                self._paused[write.lane] = time.monotonic() + retry_after
+                self._paused[write.lane] = self.clock.monotonic() + retry_after
             elif status >= 500:
                 outcome = await self._retry(row, write, _backoff(row), f"HTTP {status}", "retried")
             else:
@@ -221,7 +226,7 @@ class Outbox:
     async def _retry(self, row: OutboxRow, write: Write, delay: float, error: str, outcome: str) -> str:
         if row.attempts + 1 >= MAX_ATTEMPTS:
             return await self._give_up(row, write, f"{error} after {MAX_ATTEMPTS} attempts")
-        await self.store.call(Store.delay_write, row.id, time.time() + delay, error)
+        await self.store.call(Store.delay_write, row.id, self.clock.now() + delay, error)
         return outcome
 
     async def _give_up(self, row: OutboxRow, write: Write, error: str) -> str:

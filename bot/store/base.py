@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 import sqlite_utils
 
+from kernel.clock import WALL
 from kernel.redact import redactor
 
 
@@ -42,4 +42,4 @@ def redacted(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
+    return WALL.stamp()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sqlite3
-import time
 from dataclasses import asdict
 from typing import Any
 
@@ -11,6 +10,7 @@ from google.protobuf import json_format
 
 from bot.store.base import ActiveRunExists, RunNotFound, Tables, now, redacted
 from bot.store.rows import ACTIVE, CANCELLED, FINAL, RUNNING, Rerun, Run
+from kernel.clock import WALL
 from kernel.redact import redactor
 from kernel.retention import DAY_S, CappedLog, LogBudget, Retention
 from protos import runner_pb2 as pb
@@ -199,7 +199,7 @@ class RunTables(CappedLog, Tables):
                     self._settle(event.run_id, budget)
         except sqlite3.IntegrityError:
             return None
-        if time.monotonic() - self._pruned_at >= DAY_S:
+        if WALL.monotonic() - self._pruned_at >= DAY_S:
             self.prune()
         return event
 
@@ -212,7 +212,7 @@ class RunTables(CappedLog, Tables):
         """Forgets the runs that finished more than `retention_days` ago: their events, log budgets, Slack
         outbox rows and threads, rerun links (a run and its isolated reruns go together). Done when the store
         opens and at most daily after. Returns how many runs went."""
-        self._pruned_at = time.monotonic()
+        self._pruned_at = WALL.monotonic()
         cutoff = self.retention.cutoff()
         if cutoff is None or not self.db.table("log_budgets").exists():  # (a store held at an older migration)
             return 0

@@ -4,11 +4,12 @@ each run's thread, and the request ids already handled."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from bot.store.base import Tables, now
 from bot.store.rows import OutboxRow, Posted, Thread
+from kernel.clock import WALL
 
 _SET_REF_SQL = {  # a run's messages that later writes refer to, by their ts
     "parent_ts": "UPDATE slack_threads SET parent_ts = ? WHERE run_id = ?",
@@ -31,7 +32,7 @@ class SlackTables(Tables):
     def claim_request(self, request_id: str) -> bool:
         """True the first time a Slack request id is seen: a retried delivery never does anything twice. Slack
         stops retrying within minutes, so ids older than a day are forgotten."""
-        forget = (datetime.now(UTC) - timedelta(days=1)).isoformat(timespec="milliseconds")
+        forget = (WALL.utc() - timedelta(days=1)).isoformat(timespec="milliseconds")
         with self.db.conn:
             self.db.execute("DELETE FROM slack_requests WHERE at < ?", [forget])
             cursor = self.db.execute(
