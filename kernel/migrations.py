@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 from typing import TypeVar
+
+from kernel.clock import WALL
 
 T = TypeVar("T")
 
@@ -32,7 +33,7 @@ def migrate(conn: sqlite3.Connection, migrations: Sequence[tuple[str, Callable[[
             apply(target)
             conn.execute(
                 "INSERT INTO _migrations (id, name, applied_at) VALUES (?, ?, ?)",
-                (number, name, datetime.now(UTC).isoformat(timespec="milliseconds")),
+                (number, name, WALL.stamp()),
             )
         done.append(number)
     return done

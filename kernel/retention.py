@@ -8,9 +8,10 @@ import os
 import stat
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
+from kernel.clock import WALL
 from kernel.toml_reader import ConfigError, TomlReader
 from protos import runner_pb2 as pb
 
@@ -31,7 +32,7 @@ class Retention:
         """The ISO time before which a finished run is pruned; None when runs are kept for ever."""
         if self.retention_days <= 0:
             return None
-        return (datetime.now(UTC) - timedelta(days=self.retention_days)).isoformat(timespec="milliseconds")
+        return (WALL.utc() - timedelta(days=self.retention_days)).isoformat(timespec="milliseconds")
 
 
 RETENTION_KEYS = ("log_head_mib", "log_tail_mib", "retention_days")  # top-level keys of runner.toml, k3repro.toml

@@ -13,6 +13,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from kernel.clock import WALL
+
 
 @dataclass(frozen=True)
 class TlsFiles:
@@ -104,7 +106,7 @@ def write_dev_certs(directory: Path, hosts: tuple[str, ...] = ("localhost", "127
 
 
 def _builder(subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey) -> x509.CertificateBuilder:
-    now = dt.datetime.now(dt.UTC)
+    now = WALL.utc()
     return (
         x509.CertificateBuilder()
         .subject_name(subject)

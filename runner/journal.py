@@ -13,11 +13,10 @@ other event whole; finished runs go after `retention_days`, at open and daily.
 from __future__ import annotations
 
 import sqlite3
-import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
+from kernel.clock import WALL
 from kernel.migrations import migrate
 from kernel.redact import redactor
 from kernel.retention import DAY_S, CappedLog, LogBudget, Retention, keep_private
@@ -123,13 +122,13 @@ class Journal(CappedLog):
                 self._settle(event.run_id, budget)
             if event.WhichOneof("payload") == "run_finished":
                 self._db.execute("UPDATE runs SET finished_at = ? WHERE run_id = ?", (_now(), event.run_id))
-        if time.monotonic() - self._pruned_at >= DAY_S:
+        if WALL.monotonic() - self._pruned_at >= DAY_S:
             self.prune()
 
     def prune(self) -> int:
         """Forgets the runs that finished more than `retention_days` ago (their events and log budget too);
         done at open and at most daily after. Returns how many runs went."""
-        self._pruned_at = time.monotonic()
+        self._pruned_at = WALL.monotonic()
         cutoff = self.retention.cutoff()
         if cutoff is None:
             return 0
@@ -218,4 +217,4 @@ def request_digest(request: pb.StartRunRequest) -> str:
 
 
 def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
+    return WALL.stamp()

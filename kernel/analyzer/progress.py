@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TextIO
+
+from kernel.clock import WALL
 
 _MIB = 1 << 20
 
@@ -21,7 +22,7 @@ class ProgressLine:
         *,
         delay_s: float = 2.0,
         every_s: float = 10.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = WALL.monotonic,
     ) -> None:
         self._label = label
         self._out = out

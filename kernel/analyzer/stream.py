@@ -14,7 +14,6 @@ This class owns the public API: the line count, hangs (stalled), what whole-file
 from __future__ import annotations
 
 import re
-import time
 
 from kernel.analyzer.arbiter import Arbiter, ErrorLines
 from kernel.analyzer.candidates import GENERIC, Candidate, Cursor
@@ -25,6 +24,7 @@ from kernel.analyzer.phases import PhaseTracker, Placer
 from kernel.analyzer.rules import Marker, Rules, default_rules
 from kernel.analyzer.signature import signature
 from kernel.analyzer.traceback import CONTEXT_BEFORE, Frames, Stream, TracebackTracker
+from kernel.clock import WALL
 
 __all__ = ["CONTEXT_BEFORE", "ErrorFinding", "PhaseFinding", "Stall", "StreamAnalyzer", "Watch"]
 
@@ -48,7 +48,7 @@ class StreamAnalyzer:
         intake = ErrorLines(rules, cursor, phases, placer, classifier, arbiter, frames)
         self._tracker = TracebackTracker(rules, cursor, phases, arbiter, frames, intake)
         self._closed = False
-        self._last_progress_at = time.monotonic() if started_at is None else started_at
+        self._last_progress_at = WALL.monotonic() if started_at is None else started_at
         self._last_line = ""
         self.last_level: str | None = None  # the log level of the line fed last (None: no log header)
         self.last_progress_line = ""  # the last line that was not one of vLLM's waiting messages
@@ -231,7 +231,7 @@ class StreamAnalyzer:
         for ll in self._parser.lines(line):  # (one, but for a paste that joined lines: all on this line's number)
             self._tracker.line(ll, out)
         if not self._phases.saw_idle:
-            self._last_progress_at = time.monotonic() if at is None else at
+            self._last_progress_at = WALL.monotonic() if at is None else at
             self.last_progress_line = ll.display
         self._last_line = ll.display
         self.last_level = ll.level

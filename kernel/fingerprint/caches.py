@@ -16,13 +16,13 @@ import hashlib
 import os
 import re
 import stat
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
+from kernel.clock import WALL
 from kernel.redact import Redactor
 from kernel.toml_reader import packaged
 
@@ -106,7 +106,7 @@ def survey(path: str, *, max_entries: int = MAX_ENTRIES, max_seconds: float = MA
     if not stat.S_ISDIR(top.st_mode):
         kind = "a symlink" if stat.S_ISLNK(top.st_mode) else "not a directory"
         return {**result, "exists": True, "error": f"{kind}; not walked"}
-    walk = _walk(path, max_entries, time.monotonic() + max_seconds)
+    walk = _walk(path, max_entries, WALL.monotonic() + max_seconds)
     newest = datetime.fromtimestamp(walk.newest, UTC).isoformat(timespec="seconds") if walk.entries else None
     return {
         **result,
@@ -161,7 +161,7 @@ def _walk(path: str, max_entries: int, deadline: float) -> _Walk:
             if walk.entries >= max_entries:
                 walk.truncated = "entries"
                 break
-            if time.monotonic() > deadline:
+            if WALL.monotonic() > deadline:
                 walk.truncated = "time"
                 break
             relative = f"{folder}/{entry.name}" if folder else entry.name

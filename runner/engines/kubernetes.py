@@ -19,7 +19,6 @@ import math
 import os
 import re
 import secrets
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from lightkube.codecs import from_dict
 from lightkube.config.models import Cluster, User
 from lightkube.resources.core_v1 import Pod
 
-from kernel.clock import Clock
+from kernel.clock import WALL, Clock
 from kernel.vllm_cli import parse_launch_command, split_program
 from runner.config import KubernetesSettings
 from runner.engines.base import LogLine
@@ -236,7 +235,7 @@ class KubernetesEngine:
         whose image cannot be pulled or that is not running within `timeout_s` wall seconds becomes a refusal
         (its reason in the kubelet's words) and is deleted."""
         assert self._client is not None
-        deadline = time.monotonic() + timeout_s
+        deadline = WALL.monotonic() + timeout_s
         why = "Pending"
         while True:
             try:
@@ -263,7 +262,7 @@ class KubernetesEngine:
                     return await self._refuse(f"kubernetes: pod {self.name}: {why}")
             elif status is not None and status.conditions:
                 why = next((f"{c.reason}: {c.message}" for c in status.conditions if c.message), why)
-            if time.monotonic() >= deadline:
+            if WALL.monotonic() >= deadline:
                 return await self._refuse(
                     f"kubernetes: pod {self.name} not running after {timeout_s:g} s ({phase}: {why})"
                 )
@@ -364,8 +363,8 @@ class KubernetesEngine:
             if not _missing(exc):
                 log.warning("kubernetes: deleting pod %s: %s", self.name, _api_message(exc))
                 return
-        deadline = time.monotonic() + grace + GONE_S
-        while time.monotonic() < deadline:
+        deadline = WALL.monotonic() + grace + GONE_S
+        while WALL.monotonic() < deadline:
             try:
                 pod = await client.get(Pod, self.name, namespace=self.namespace)
             except Exception as exc:
@@ -452,12 +451,12 @@ class KubernetesBackend:
                 if name and labels.get(RUN_LABEL) in wanted:
                     client.delete(Pod, name, namespace=self.settings.namespace, grace_period=1)
                     removed.append(name)
-            deadline = time.monotonic() + GONE_S
-            while removed and time.monotonic() < deadline:
+            deadline = WALL.monotonic() + GONE_S
+            while removed and WALL.monotonic() < deadline:
                 left = {p.metadata.name for p in client.list(Pod, **selectors) if p.metadata}
                 if not left & set(removed):
                     break
-                time.sleep(0.2)
+                WALL.pause(0.2)
         except Exception as exc:
             log.warning("kubernetes: removing the pods of unfinished runs: %s", _api_message(exc))
         finally:

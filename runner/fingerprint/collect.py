@@ -8,10 +8,10 @@ import platform
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kernel.clock import WALL
 from kernel.fingerprint.caches import caches_section
 from kernel.fingerprint.document import SCHEMA, rules, seal
 from kernel.redact import Redactor, redactor
@@ -107,7 +107,7 @@ def collect(
         runtime = runtime_section("none", None, "no image or Python given to probe")
     document = {
         "schema": SCHEMA,
-        "captured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "captured_at": WALL.stamp("seconds"),
         "host": host_facts(),
         "nvml": view.to_json(),
         "image": image,

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import shlex
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import aiohttp
 
 from kernel.analyzer import ErrorFinding
+from kernel.clock import WALL
 from kernel.redact import redactor
 from kernel.vllm_cli import ServeCommand
 from protos import runner_pb2 as pb
@@ -192,11 +192,11 @@ def foreign_listener(engine: object, port: int) -> str:
 async def _until_ready(ctx: RunContext, follower: LogFollower) -> tuple[bool, str, Attempt | None]:
     engine_config, clock = ctx.config.engine, ctx.clock
     deadline = clock.now() + clock.limit(engine_config.ready_timeout_s)
-    launched_at, begun = time.monotonic(), clock.speed == 1  # the wall clock's start-up is the engine's own time
+    launched_at, begun = WALL.monotonic(), clock.speed == 1  # the wall clock's start-up is the engine's own time
     start_wall_s = max(PROCESS_START_WALL_S, clock.wall(clock.limit(engine_config.stall_timeout_s)))
     async with aiohttp.ClientSession() as http:
         while True:
-            if not begun and (follower.lines_read or time.monotonic() - launched_at > start_wall_s):
+            if not begun and (follower.lines_read or WALL.monotonic() - launched_at > start_wall_s):
                 begun = True  # the engine's clock starts now (at its first line, or when its start-up ran out)
                 deadline = clock.now() + clock.limit(engine_config.ready_timeout_s)
             if follower.first_error.done():
