@@ -32,13 +32,13 @@ BATCHES = {
     ("e23.log", "e49.log"): {"phase": 26, "category": 27, "first_error_line": 26},
     ("e50.log", "e69.log"): {"phase": 20, "category": 20, "first_error_line": 20},
     ("e70.log", "e89.log"): {"phase": 20, "category": 20, "first_error_line": 20},
-    ("f01.log", "f20.log"): {"phase": 20, "category": 20, "first_error_line": 18},
+    ("f01.log", "f20.log"): {"phase": 20, "category": 20, "first_error_line": 19},
     ("g01.log", "g20.log"): {"phase": 20, "category": 19, "first_error_line": 20},
     ("h01.log", "h23.log"): {"phase": 22, "category": 23, "first_error_line": 23},
     ("i01.log", "i22.log"): {"phase": 22, "category": 22, "first_error_line": 22},
     ("j01.log", "j22.log"): {"phase": 20, "category": 21, "first_error_line": 20},
     ("k01.log", "k22.log"): {"phase": 21, "category": 22, "first_error_line": 22},
-    ("l01.log", "l22.log"): {"phase": 20, "category": 18, "first_error_line": 19},
+    ("l01.log", "l22.log"): {"phase": 22, "category": 21, "first_error_line": 22},
 }
 
 

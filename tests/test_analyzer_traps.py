@@ -700,3 +700,78 @@ def test_a_worker_s_death_after_a_wrapper_quoting_its_cause_is_the_survivors_rea
     vague = f"{CORE_ERR}RuntimeError: Worker failed with error 'boom', please check the stack trace above"
     error = analyze_text("\n".join([vague, died])).first_error
     assert error is not None and error.line == died
+
+
+def test_a_kernel_s_device_assertion_is_the_error_before_cuda_reports_it() -> None:
+    # The kernel prints its failed assertion (no level, no logger) before torch raises `device-side assert
+    # triggered`: the assertion names the fault, the exception only reports it.
+    assertion = (
+        "/pytorch/aten/src/ATen/native/cuda/Indexing.cu:1422: indexSelectLargeIndex: block: [3,0,0], thread: [9,0,0] "
+        "Assertion `srcIndex < srcSelectDimSize` failed."
+    )
+    lines = [
+        assertion,
+        *traceback(CORE_ERR, ["execute_model"], "RuntimeError: CUDA error: device-side assert triggered"),
+    ]
+    error = analyze_text("\n".join(lines)).first_error
+    assert error is not None and (error.line, error.phase, error.category) == (assertion, "request", "request_error")
+
+
+@pytest.mark.parametrize(
+    ("source", "category"),
+    [("with torch.cuda.graph(", "cudagraph"), ("python_create_and_map(*allocation_handle)", "oom")],
+)
+def test_a_cut_traceback_s_last_source_line_names_its_stretch(source: str, category: str) -> None:
+    # Cut inside vLLM's CUDAGraphWrapper at the capture's `with torch.cuda.graph(` (its replay runs through the same
+    # wrapper), or inside the CuMem allocator mapping memory: the stretch names the cause no exception line shows.
+    lines = [
+        f'{CORE_ERR}  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu_model_runner.py", line 5, in _dummy_run',
+        f"{CORE_ERR}    outputs = self.model(",
+        f'{CORE_ERR}  File "/usr/local/lib/python3.12/dist-packages/vllm/compilation/mod.py", line 9, in __call__',
+        f"{CORE_ERR}    {source}",
+    ]
+    error = analyze_text("\n".join(lines)).first_error
+    assert error is not None and (error.phase, error.category) == ("engine_init", category)
+    replay = analyze_text("\n".join([*lines[:3], f"{CORE_ERR}    entry.cudagraph.replay_step()"])).first_error
+    assert replay is not None and replay.category == "other"
+
+
+def test_the_model_registry_s_inspection_failure_heads_its_subprocess_error() -> None:
+    head = "ERROR 10-23 23:20:26 registry.py:272] Error in inspecting model architecture 'MyForCausalLM'"
+    tb = traceback(
+        "ERROR 10-23 23:20:26 registry.py:272] ",
+        ["_run_in_subprocess", "check_returncode"],
+        "subprocess.CalledProcessError: Command '['python', '-m', 'vllm.model_executor.models.registry']' returned "
+        "non-zero exit status 1.",
+    )
+    error = analyze_text("\n".join([head, *tb])).first_error
+    assert error is not None and (error.line, error.phase, error.category) == (head, "unknown", "model_config")
+
+
+def test_a_deploying_project_s_logger_with_its_own_date_format_is_a_header() -> None:
+    # Python logging's `asctime - name - levelname - ` with microseconds and a zone (GPUStack): an ERROR line whose
+    # traceback is the deploying project's own, not a cut traceback named by its last frame.
+    head = "2025-12-20 04:38:00.262558+08:00 - app.serve_manager - ERROR - Error provisioning m: Failed to get vLLM backend image"
+    lines = [
+        "2025-12-20 04:37:58.574872+08:00 - app.backends.vllm - INFO - Starting vLLM model instance: m",
+        head,
+        "Traceback (most recent call last):",
+        '  File "/usr/local/lib/python3.11/dist-packages/app/worker/serve_manager.py", line 422, in _serve_model_instance',
+        "    server_ins.start()",
+    ]
+    error = analyze_text("\n".join(lines)).first_error
+    assert error is not None and (error.line, error.phase, error.category) == (head, "container_init", "other")
+
+
+def test_a_request_the_server_answered_on_any_route_places_serving() -> None:
+    # An RL trainer's own routes (trl's vllm-serve): the server answered, so it was up, whatever logged the error.
+    nccl = (
+        "(VllmWorker rank=3 pid=44710) ERROR 08-20 09:48:31 [pynccl_wrapper.py:229] Failed to load NCCL library from "
+        "/opt/nccl/libnccl.so.2."
+    )
+    for access, phase in (
+        ('"POST /init_communicator/ HTTP/1.1" 200 OK', "request"),
+        ('"GET /x HTTP/1.1" 404', "gpu_detect"),
+    ):
+        error = analyze_text("\n".join([f"INFO:     127.0.0.1:50088 - {access}", nccl])).first_error
+        assert error is not None and (error.phase, error.category) == (phase, "nccl_comm")
