@@ -103,6 +103,7 @@ TIERS: dict[str, str] = {
     "test_method": "sim",
     "test_metrics": "sim",
     "test_migrations": "unit",
+    "test_one_clock": "unit",
     "test_minimize": "sim",
     "test_products": "unit",
     "test_ports": "sim",
