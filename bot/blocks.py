@@ -29,9 +29,9 @@ from bot.record import (
     StageStarted,
     is_file,
 )
-from bot.store import CANCELLED, COMPLETED, ERROR, LOST, RUNNING
+from bot.store import RunState
 from protos import runner_pb2 as pb
-from protos.vocab import CHECKLIST_IDS
+from protos.vocab import CHECKLIST_IDS, ChecklistState, Decision, LadderOutcome, RunStatus, StageStatus
 
 MAX_BLOCKS = 50
 MAX_SECTION = 3000
@@ -51,10 +51,16 @@ ACTION_MINIMIZE = "k3repro_minimize"
 MINIMAL = "minimal_failing_command"  # the artifact a minimize run ends with (runner/stages/minimize.py)
 METADATA_EVENT = "k3repro_run"
 
-RUN_MARK = {RUNNING: "🔄", COMPLETED: "✅", CANCELLED: "⊘", ERROR: "⚠️", LOST: "⚠️"}
-STAGE_MARK = {"ok": "✅", "failed": "❌", "skipped": "⏭", "cancelled": "⊘"}
-DECISION_MARK = {"fix": "🛠", "isolate": "🧪", "continue": "🔎"}
-CHECK_MARK = {"holds": "✅", "fails": "❌", "not_applicable": "➖"}
+RUN_MARK = {
+    RunState.RUNNING: "🔄",
+    RunState.COMPLETED: "✅",
+    RunState.CANCELLED: "⊘",
+    RunState.ERROR: "⚠️",
+    RunState.LOST: "⚠️",
+}
+STAGE_MARK = {StageStatus.OK: "✅", StageStatus.FAILED: "❌", StageStatus.SKIPPED: "⏭", StageStatus.CANCELLED: "⊘"}
+DECISION_MARK = {Decision.FIX: "🛠", Decision.ISOLATE: "🧪", Decision.CONTINUE: "🔎"}
+CHECK_MARK = {ChecklistState.HOLDS: "✅", ChecklistState.FAILS: "❌", ChecklistState.NOT_APPLICABLE: "➖"}
 PENDING_MARK = "⬜"
 
 
@@ -229,7 +235,9 @@ def _verdict_line(view: RunRecord) -> str:
     finished = view.finished
     if finished is None or not finished.headline:
         return ""
-    return f"{DECISION_MARK.get(finished.decision, '•')} *{escaped(finished.decision)}* — {escaped(finished.headline)}"
+    decision = finished.decision
+    mark = DECISION_MARK[decision] if decision else "•"
+    return f"{mark} *{escaped(decision or '')}* — {escaped(finished.headline)}"
 
 
 MAX_CONFIRM_TEXT = 300  # Slack's limit on a confirmation dialog's text
@@ -269,11 +277,11 @@ def checklist(view: RunRecord) -> Message:
         text = f"*Checklist* · a minimize run settles none: see run `{escaped(view.minimize_of)}` · {where}"
         return fit(text, [section(text, "now"), context(run)])
     held = sum(1 for check in view.checklist.values() if check.holds)
-    moot = sum(1 for check in view.checklist.values() if check.state == "not_applicable")
+    moot = sum(1 for check in view.checklist.values() if check.state == ChecklistState.NOT_APPLICABLE)
     counted = f"{held}/{len(CHECKLIST_IDS) - moot} hold" + (f" ({moot} not applicable)" if moot else "")
     blocks = [section(f"*Checklist* · {counted} · {where}", "now")]
     for item in CHECKLIST_IDS:
-        check = view.checklist.get(item) or Check(item, "", "")
+        check = view.checklist.get(item) or Check(item, ChecklistState.PENDING, "")
         blocks.append(section(checklist_line(check, EVIDENCE_CHARS), item))
     blocks.append(context(run))
     return fit(f"Checklist: {counted} · {where}", blocks)
@@ -290,7 +298,7 @@ def stage_result(view: RunRecord, finished: StageResult) -> Message:
     if stage == "ladder" and view.ladder:
         blocks.append(ladder_summary(view.ladder))
     error = view.first_errors.get(stage)
-    if error is not None and finished.status == "failed":
+    if error is not None and finished.status == StageStatus.FAILED:
         blocks += first_error_blocks(error)
     if stage == "single_request" and view.requests:
         blocks.append(section(code([line for r in view.requests for line in request_lines(r)])))
@@ -300,9 +308,10 @@ def stage_result(view: RunRecord, finished: StageResult) -> Message:
 
 def _stage_mark(finished: StageResult) -> str:
     """A check mark means good: the verdict stage shows its decision's mark, not the stage's having run."""
-    if finished.stage == "verdict" and finished.status == "ok":
-        return DECISION_MARK.get(finished.summary.split(":", 1)[0], "•")
-    return STAGE_MARK.get(finished.status, "•")
+    if finished.stage == "verdict" and finished.status == StageStatus.OK:  # its summary: "<decision>: <headline>"
+        decision = finished.summary.split(":", 1)[0]
+        return DECISION_MARK[Decision(decision)] if decision in DECISION_MARK else "•"
+    return STAGE_MARK[finished.status] if finished.status else "•"
 
 
 def stage_head(finished: StageResult) -> Block:
@@ -347,7 +356,7 @@ def update_note(error: FirstError) -> str:
 
 def checklist_line(check: Check, evidence_chars: int | None = None) -> str:
     evidence = clip(check.evidence, evidence_chars) if evidence_chars else check.evidence
-    mark = CHECK_MARK.get(check.state, PENDING_MARK)
+    mark = CHECK_MARK.get(check.state, PENDING_MARK)  # unset: pending
     return f"{mark} *{escaped(check.item)}*" + (f" — {escaped(evidence)}" if evidence else "")
 
 
@@ -368,16 +377,18 @@ def ladder_summary(steps: Iterable[LadderStep]) -> Block:
     failure's error line is the stage's first error, shown once below."""
     lines, moot = [], []
     for step in steps:
-        if step.outcome == "not_applicable" and step.wire.as_written:  # not needed, and why
+        if step.outcome == LadderOutcome.NOT_APPLICABLE and step.wire.as_written:  # not needed, and why
             lines.append(f"➖ *{escaped(step.wire.title or step.step)}*: {escaped(step.detail)}")
             continue
-        if step.outcome == "not_applicable":
+        if step.outcome == LadderOutcome.NOT_APPLICABLE:
             moot.append(step.wire.title or step.step)
             continue
         added = f" — adds `{escaped(clip(' '.join(step.wire.added), 300))}`" if step.wire.added else ""
         how = "relaunched" if step.relaunched else "same server"
         failed = f" in `{escaped(step.phase)}` [{escaped(step.category)}]" if step.signature else ""
-        lines.append(f"🪜 *{escaped(step.wire.title or step.step)}*: `{escaped(step.outcome)}`{failed} ({how}){added}")
+        lines.append(
+            f"🪜 *{escaped(step.wire.title or step.step)}*: `{escaped(step.outcome or '')}`{failed} ({how}){added}"
+        )
     if moot:
         lines.append(f"➖ not applicable (the deployment sets none of their flags): {escaped(', '.join(moot))}")
     return section(clip("\n".join(lines), MAX_SECTION), "ladder_steps")
@@ -406,7 +417,9 @@ def request_lines(r: pb.RequestResult) -> list[str]:
 
 
 def ladder_block(step: LadderStep) -> Block:
-    return section(f"🪜 *ladder · {escaped(step.step)}*: `{escaped(step.outcome)}` {escaped(step.detail)}".rstrip())
+    return section(
+        f"🪜 *ladder · {escaped(step.step)}*: `{escaped(step.outcome or '')}` {escaped(step.detail)}".rstrip()
+    )
 
 
 def verdict(view: RunRecord, finished: Finished) -> Message:
@@ -421,10 +434,10 @@ def verdict(view: RunRecord, finished: Finished) -> Message:
 def verdict_blocks(run_id: str, cluster: str, finished: Finished, minimal: str = "") -> list[Block]:
     """The run's last message; a minimize run's (`minimal`: its result) ends with the command that fails."""
     status, decision = finished.status, finished.decision
-    title = f"*Verdict: {escaped(decision)}*" if decision else f"*Run {escaped(status)}*"
-    if minimal and not decision and status == "completed":
+    title = f"*Verdict: {escaped(decision)}*" if decision else f"*Run {escaped(status or '')}*"
+    if minimal and not decision and status == RunStatus.COMPLETED:
         title = "*Minimize result*"
-    mark = DECISION_MARK.get(decision) or RUN_MARK.get(status, "•")
+    mark = DECISION_MARK[decision] if decision else RUN_MARK[RunState(status)] if status else "•"
     where = f" on *{escaped(cluster)}*" if cluster else ""
     blocks = [section(f"{mark} {title} · run `{escaped(run_id)}`{where}", "verdict")]
     if finished.headline:

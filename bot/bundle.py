@@ -39,11 +39,11 @@ from bot.handoff import handoff, linked
 from bot.ids import new_run_id
 from bot.record import LadderStep, RunRecord, StageResult, image_digest
 from bot.report import report
-from bot.store import FINAL, Run, Store
+from bot.store import FINAL, Run, RunState, Store
 from kernel.clock import WALL
 from kernel.redact import map_strings, printable, redactor
 from protos import runner_pb2 as pb
-from protos.vocab import API_PATHS, DEFAULT_API, DEFAULT_REPEATS
+from protos.vocab import API_PATHS, DEFAULT_API, DEFAULT_REPEATS, Decision, RunStatus
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -60,7 +60,6 @@ MEMBER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 TIMELINE = "timeline.png"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-DECISIONS = ("fix", "isolate", "continue")
 APIS = tuple(API_PATHS)
 MAX_JSON_DEPTH = 64  # nesting of any JSON the bot reads from outside (a bundle's members, a Slack payload)
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
@@ -160,12 +159,12 @@ def bounded_json(data: bytes | str) -> Any:
     return json.loads(data)
 
 
-def export_bundle(store: Store, run_id: str, ended: tuple[str, str | None] | None = None) -> Bundle:
+def export_bundle(store: Store, run_id: str, ended: tuple[RunStatus, Decision | None] | None = None) -> Bundle:
     """The bundle of a finished run from the store, every member redacted. `ended`: the (status, decision) of a
     run whose last event is stored but whose row is not final yet (the thread's verdict is posted before)."""
     run = store.get_run(run_id)
     if ended is not None and run.status not in FINAL:
-        run = replace(run, status=ended[0], decision=ended[1])
+        run = replace(run, status=RunState(ended[0]), decision=ended[1])
     if run.status not in FINAL:
         raise BundleError(f"run {run.id} is still {run.status}: export it once it has ended")
     events = [redactor().message(e) for e in store.events(run.id)]
@@ -354,7 +353,7 @@ def _check_schema(bundle: Bundle, origin: str) -> None:
     need(run.get("id") == bundle.manifest["run_id"], "run.json's id is not the manifest's run_id")
     need(isinstance(run.get("cluster"), str) and bool(run["cluster"]), "run.json: cluster must be a name")
     need(run.get("status") in FINAL, f"run.json: status must be one of {', '.join(FINAL)} (a finished run)")
-    need(run.get("decision") in (None, "", *DECISIONS), "run.json: decision is not fix, isolate or continue")
+    need(run.get("decision") in (None, "", *Decision), f"run.json: decision is not {', '.join(Decision)}")
     need(all(isinstance(run.get(k), str | None) for k in ("summary", "image")), "run.json: summary/image not text")
     need(isinstance(launch, dict), "launch.json is not an object")
     for key in ("cluster", "image", "image_digest", "minimal_command", "profile"):

@@ -17,11 +17,11 @@ import grpc
 from bot.config import BotConfig
 from bot.refusal import Refused
 from bot.runner_client import open_channel, rpc_error_text
-from bot.store import ERROR, LOST, AsyncStore, Store
+from bot.store import AsyncStore, RunState, Store
 from kernel.clock import WALL
 from protos import runner_pb2 as pb
 from protos import runner_pb2_grpc as pb_grpc
-from protos.vocab import to_id
+from protos.vocab import Decision, RunStatus, member
 
 EventCallback = Callable[[pb.RunEvent], Awaitable[None]]
 ReconnectCallback = Callable[[str], Awaitable[None]]
@@ -117,11 +117,11 @@ async def _follow(
         except grpc.aio.AioRpcError as exc:
             if exc.code() in REFUSALS and last_seq == 0:
                 message = f"runner {address} refused the run: {rpc_error_text(exc)}"
-                await _record_error(store, run_id, ERROR, message)
+                await _record_error(store, run_id, RunState.ERROR, message)
                 raise RunRefused(message) from None
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 message = f"runner {address} no longer knows run {run_id} (its journal was lost)"
-                await _record_error(store, run_id, LOST, message)
+                await _record_error(store, run_id, RunState.LOST, message)
                 raise RunLost(message) from None
             problem = rpc_error_text(exc)
         except TimeoutError:
@@ -129,7 +129,7 @@ async def _follow(
         lost_since = lost_since or WALL.monotonic()
         if WALL.monotonic() - lost_since > config.reconnect_for_s:
             message = f"lost contact with runner {address} for {config.reconnect_for_s:.0f} s: {problem}"
-            await _record_error(store, run_id, LOST, message)
+            await _record_error(store, run_id, RunState.LOST, message)
             raise RunLost(message)
         if on_reconnect is not None:
             await on_reconnect(problem)
@@ -194,9 +194,12 @@ async def _until_idle(call: AsyncIterable[pb.RunEvent]) -> AsyncIterator[pb.RunE
 
 
 async def _record_finish(store: AsyncStore, run_id: str, finished: pb.RunFinished) -> None:
-    status, decision = to_id(pb.RunStatus, finished.status), to_id(pb.Decision, finished.decision) or None
-    await store.call(Store.finish_run, run_id, status, finished.summary, decision)
+    decision = member(Decision, finished.decision)
+    status = member(RunStatus, finished.status)  # unset: no way the run ended that a view knows
+    await store.call(
+        Store.finish_run, run_id, RunState(status) if status else RunState.ERROR, finished.summary, decision
+    )
 
 
-async def _record_error(store: AsyncStore, run_id: str, status: str, message: str) -> None:
+async def _record_error(store: AsyncStore, run_id: str, status: RunState, message: str) -> None:
     await store.call(Store.finish_run, run_id, status, message)

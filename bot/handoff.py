@@ -22,7 +22,7 @@ from bot.report import report
 from bot.store import Run, Store
 from kernel.launches import LaunchSpan
 from kernel.redact import printable, redactor
-from protos.vocab import API_PATHS, DEFAULT_API, DEFAULT_REPEATS
+from protos.vocab import API_PATHS, DEFAULT_API, DEFAULT_REPEATS, ChecklistState, LadderOutcome
 
 BASE_URL = "http://localhost:8000"
 MAX_CONTEXT_LINES = 40  # of the first error's traceback/context
@@ -353,19 +353,21 @@ def _timings(launches: list[LaunchSpan]) -> list[str]:
 def _repeat(found: dict[str, Any]) -> list[str]:
     check = found["checklist"].get("failure_repeated") or {}
     evidence = check.get("evidence") or "not measured (the failure was not repeated)"
-    lines = [f"Repeat rate: {evidence} ({check.get('state', 'pending')})."]
+    lines = [f"Repeat rate: {evidence} ({check.get('state', ChecklistState.PENDING)})."]
     caches = found["checklist"].get("caches_not_stale") or {}
-    if caches.get("state") in ("holds", "fails", "pending") and caches.get("evidence"):  # a fresh-cache control ran
+    ran = (ChecklistState.HOLDS, ChecklistState.FAILS, ChecklistState.PENDING)
+    if caches.get("state") in ran and caches.get("evidence"):  # a fresh-cache control ran
         lines.append(f"Fresh-cache control: {caches['evidence']} ({caches['state']}).")
     return lines
 
 
 def _ladder(record: RunRecord) -> list[str]:
-    held = [step for step in record.ladder if step.outcome == "ok"]
+    held = [step for step in record.ladder if step.outcome == LadderOutcome.OK]
     lines = [f"- `{step.step}` held: {step.detail or 'no failure'}" for step in held]
-    others = [step for step in record.ladder if step.outcome not in ("ok", "not_applicable") and step not in held]
+    quiet = (LadderOutcome.OK, LadderOutcome.NOT_APPLICABLE)
+    others = [step for step in record.ladder if step.outcome not in quiet and step not in held]
     lines += [f"- `{step.step}`: {step.outcome}" + (f" ({step.detail})" if step.detail else "") for step in others]
-    skipped = [step.step for step in record.ladder if step.outcome == "not_applicable"]
+    skipped = [step.step for step in record.ladder if step.outcome == LadderOutcome.NOT_APPLICABLE]
     if skipped:
         lines.append(f"- not applicable to this deployment: {', '.join(skipped)}")
     return lines or ["The ladder did not run."]

@@ -2,7 +2,7 @@
 
 The card, the checklist and the thread (bot/blocks.py, bot/slack/threads.py), the terminal (bot/render.py),
 the JSON report (bot/report.py), the bundle (bot/bundle.py) and the rerun comparison (bot/rerun.py) all read
-a `RunRecord`. Wire enums become the vocabulary's ids here and nowhere else (`fact_of`), the first error is
+a `RunRecord`. Wire enums become the vocabulary's ids and StrEnum members here and nowhere else (`fact_of`), the first error is
 defined here (`RunRecord.first_error`), and the frozen scene is parsed here once. The same events give the
 same record, which is what lets a restarted bot rebuild a thread's state from the store and carry on.
 A new event kind is taught in `fact_of` and `RunRecord.apply`.
@@ -15,11 +15,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from bot.store import FINAL, RUNNING, Run
+from bot.store import FINAL, Run, RunState
 from kernel import images
 from kernel.launches import LaunchFold, LaunchSpan
 from protos import runner_pb2 as pb
-from protos.vocab import to_id
+from protos.vocab import ChecklistState, Decision, LadderOutcome, RunStatus, StageStatus, member, to_id
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class StageStarted:
 @dataclass(frozen=True)
 class StageResult:
     stage: str
-    status: str  # "ok", "failed", "skipped", "cancelled"
+    status: StageStatus | None  # None: the runner left it unset (so for every wire enum below)
     summary: str
 
 
@@ -58,18 +58,18 @@ class FirstError:
 @dataclass(frozen=True)
 class Check:
     item: str
-    state: str  # "pending" (no evidence), "holds", "fails", "not_applicable"
+    state: ChecklistState  # pending: no evidence yet
     evidence: str
 
     @property
     def holds(self) -> bool:
-        return self.state == "holds"
+        return self.state == ChecklistState.HOLDS
 
 
 @dataclass(frozen=True)
 class LadderStep:
     step: str
-    outcome: str
+    outcome: LadderOutcome | None
     detail: str
     relaunched: bool
     signature: str  # of the failure the step hit; "" when it did not fail
@@ -80,8 +80,8 @@ class LadderStep:
 
 @dataclass(frozen=True)
 class Finished:
-    status: str  # "completed", "cancelled", "error"
-    decision: str  # "fix", "isolate", "continue"; "" without one
+    status: RunStatus | None
+    decision: Decision | None  # None without one
     reasons: tuple[str, ...]
     summary: str
     launches: int
@@ -110,7 +110,7 @@ def fact_of(event: pb.RunEvent, stage: str = "") -> Fact | None:
         return StageStarted(to_id(pb.Stage, event.stage_started.stage), event.stage_started.detail)
     if kind == "stage_finished":
         m = event.stage_finished
-        return StageResult(to_id(pb.Stage, m.stage), to_id(pb.StageStatus, m.status), m.summary)
+        return StageResult(to_id(pb.Stage, m.stage), member(StageStatus, m.status), m.summary)
     if kind == "phase_reached":
         return PhaseReached(to_id(pb.Phase, event.phase_reached.phase))
     if kind == "first_error":
@@ -129,12 +129,13 @@ def fact_of(event: pb.RunEvent, stage: str = "") -> Fact | None:
         )
     if kind == "checklist_item":
         c = event.checklist_item
-        return Check(to_id(pb.ChecklistId, c.item), to_id(pb.ChecklistState, c.state), c.evidence)
+        state = member(ChecklistState, c.state) or ChecklistState.PENDING  # unset: no evidence, which pending means
+        return Check(to_id(pb.ChecklistId, c.item), state, c.evidence)
     if kind == "ladder_step":
         s = event.ladder_step
         return LadderStep(
             s.step,
-            to_id(pb.LadderOutcome, s.outcome),
+            member(LadderOutcome, s.outcome),
             s.detail,
             s.relaunched,
             s.signature,
@@ -145,8 +146,8 @@ def fact_of(event: pb.RunEvent, stage: str = "") -> Fact | None:
     if kind == "run_finished":
         f = event.run_finished
         return Finished(
-            to_id(pb.RunStatus, f.status),
-            to_id(pb.Decision, f.decision),
+            member(RunStatus, f.status),
+            member(Decision, f.decision),
             tuple(f.reasons),
             f.summary,
             f.launches,
@@ -170,7 +171,7 @@ class RunRecord:
     runner: str = ""
     image: str = ""
     requested_by: str = ""
-    status: str = RUNNING
+    status: RunState = RunState.RUNNING
     stage: str = ""
     phase: str = ""
     host: str = ""
@@ -210,8 +211,8 @@ class RunRecord:
         return self.status in FINAL
 
     @property
-    def decision(self) -> str:
-        return self.finished.decision if self.finished is not None else ""
+    def decision(self) -> Decision | None:
+        return self.finished.decision if self.finished is not None else None
 
     @property
     def first_error(self) -> FirstError | None:
@@ -239,7 +240,7 @@ class RunRecord:
         if error is not None:
             return {"phase": error.phase, "category": error.category, "signature": error.signature, "line": error.line}
         for result in self.steps:
-            if isinstance(result, StageResult) and result.status == "failed":
+            if isinstance(result, StageResult) and result.status == StageStatus.FAILED:
                 signature = f"{result.stage}: {result.summary}"
                 return {
                     "phase": result.stage,
@@ -249,7 +250,7 @@ class RunRecord:
                 }
         return None
 
-    def lost(self, status: str, problem: str) -> None:
+    def lost(self, status: RunState, problem: str) -> None:
         """The bot stopped following (the runner refused the run, or contact was lost)."""
         self.status, self.problem = status, problem
 
@@ -280,8 +281,9 @@ class RunRecord:
         elif isinstance(fact, pb.Artifact):
             self._artifact(fact)
         elif isinstance(fact, Finished):
-            self.finished = fact
-            self.status, self.stage, self.phase = fact.status, "", ""
+            self.finished, self.stage, self.phase = fact, "", ""
+            if fact.status is not None:
+                self.status = RunState(fact.status)
         return fact
 
     def _first_error(self, error: FirstError) -> FirstError:

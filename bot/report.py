@@ -7,7 +7,7 @@ from typing import Any
 
 from bot.record import RunRecord
 from protos import runner_pb2 as pb
-from protos.vocab import CHECKLIST_IDS
+from protos.vocab import CHECKLIST_IDS, ChecklistState, LadderOutcome
 
 
 def run_report(run_id: str, events: list[pb.RunEvent]) -> dict[str, Any]:
@@ -30,7 +30,7 @@ def report(record: RunRecord) -> dict[str, Any]:
     error, failures = record.first_error, [step for step in record.ladder if step.signature]
     minimized = record.artifacts.get("minimal_failing_command")
     checks = {item: {"state": check.state, "evidence": check.evidence} for item, check in record.checklist.items()}
-    no_evidence = {"state": "pending", "evidence": ""}
+    no_evidence = {"state": ChecklistState.PENDING, "evidence": ""}
     return {
         "run_id": record.run_id,
         "decision": record.decision or None,
@@ -56,7 +56,7 @@ def report(record: RunRecord) -> dict[str, Any]:
         "candidates": [
             {"step": s.step, "phase": s.phase or None, "category": s.category or None, "signature": s.signature}
             for s in failures[1:]
-            if s.outcome != "same_as_target"
+            if s.outcome != LadderOutcome.SAME_AS_TARGET
         ],
         "launches": record.finished.launches if record.finished is not None else 0,
         # each launch: its log source, its stage, the proxies it ran on (null: the real configuration), its failure

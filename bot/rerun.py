@@ -17,6 +17,7 @@ import shlex
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from bot.bundle import MAX_BUNDLE_BYTES, Bundle, BundleError, export_bundle, is_imported
@@ -33,7 +34,7 @@ from kernel.images import pinned_to
 from kernel.redact import PLACEHOLDER, redactor
 from kernel.toml_reader import ConfigError
 from protos import runner_pb2 as pb
-from protos.vocab import to_id
+from protos.vocab import RunStatus, member
 
 Started = Callable[[str, Placement], Awaitable[None]]
 _UNSHOWN = re.compile(r"[^\w@%+=:,./\[\]-]")  # what a refusal does not show of a recorded (maybe hostile) word
@@ -103,6 +104,14 @@ def _words(words: Counter[str]) -> str:
 def _shown(word: str) -> str:
     """A recorded word as a refusal may show it, in a terminal or in Slack's mrkdwn: no markup, no mention."""
     return _UNSHOWN.sub("?", word)[:60]
+
+
+class RerunVerdict(StrEnum):
+    """What an isolated rerun says of its original (`compare`); the store's reruns.verdict holds the value."""
+
+    REPRODUCED = "reproduced"
+    NOT_REPRODUCED = "not_reproduced"
+    DIFFERENT_FAILURE = "different_failure"
 
 
 @dataclass(frozen=True)
@@ -220,7 +229,7 @@ async def finish_rerun(
     original, events = await store.call(Store.events, placed.original_id), await store.call(Store.events, rerun_id)
     comparison = compare(original, events)
     if finished.status != pb.RUN_STATUS_COMPLETED:
-        status = to_id(pb.RunStatus, finished.status)
+        status = member(RunStatus, finished.status)
         comparison = {**comparison, "verdict": None, "why": f"the rerun ended {status}: {finished.summary}"}
     await store.call(Store.record_verdict, rerun_id, comparison["verdict"] or "", json.dumps(comparison))
     return RerunOutcome(rerun_id, placed.original_id, placement, finished, comparison)
@@ -270,14 +279,15 @@ def compare(original: list[pb.RunEvent], rerun: list[pb.RunEvent]) -> dict[str, 
     before, after = first.failure(), second.failure()
     differences = environment_differences(first.scene, second.scene)
     if before is None and after is None:
-        verdict, why = "reproduced", "neither run failed"
+        verdict, why = RerunVerdict.REPRODUCED, "neither run failed"
     elif after is None:
-        verdict, why = "not_reproduced", "the isolated run passes where the original failed: suspect the environment"
+        verdict = RerunVerdict.NOT_REPRODUCED
+        why = "the isolated run passes where the original failed: suspect the environment"
     elif before is not None and _same(before, after):
-        verdict = "reproduced"
+        verdict = RerunVerdict.REPRODUCED
         why = f"same phase ({after['phase']}) and first-error signature: the cause travels with software and config"
     else:
-        verdict, why = "different_failure", f"a different first error, in {after['phase']}: a new candidate"
+        verdict, why = RerunVerdict.DIFFERENT_FAILURE, f"a different first error, in {after['phase']}: a new candidate"
     return {"verdict": verdict, "why": why, "original": before, "rerun": after, "differences": differences}
 
 

@@ -18,8 +18,7 @@ from bot.isolation import IsolationError
 from bot.rerun import RerunOutcome, finish_rerun
 from bot.store import Run, Store
 from kernel.toml_reader import ConfigError
-from protos import runner_pb2 as pb
-from protos.vocab import to_id
+from protos.vocab import RunStatus, member
 
 log = logging.getLogger("k3repro.bot")
 
@@ -62,5 +61,5 @@ async def _follow(core: Coordinator, run: Run, shown: Shown) -> bool:
         log.error("run %s: %s", run.id, exc)
         await shown.failed(exc)
         return False
-    log.info("run %s finished: %s", run.id, to_id(pb.RunStatus, finished.status))
+    log.info("run %s finished: %s", run.id, member(RunStatus, finished.status))
     return True

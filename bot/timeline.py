@@ -12,11 +12,16 @@ from pathlib import Path
 from typing import IO
 
 from kernel.launches import LaunchSpan
-from protos.vocab import PHASES
+from protos.vocab import PHASES, LadderOutcome
 
 # One colour per phase (matplotlib's tab10, in phase order), so a phase looks the same in every picture.
 COLOURS = dict(zip(PHASES, ("#7f7f7f", "#1f77b4", "#ff7f0e", "#9467bd", "#2ca02c", "#17becf"), strict=True))
-OUTCOME_TEXT = {"ok": "ok", "cache_hit": "hit", "cache_miss": "miss", "not_applicable": "n/a"}
+OUTCOME_TEXT = {
+    LadderOutcome.OK: "ok",
+    LadderOutcome.CACHE_HIT: "hit",
+    LadderOutcome.CACHE_MISS: "miss",
+    LadderOutcome.NOT_APPLICABLE: "n/a",
+}
 DRAWING = threading.Lock()  # matplotlib is not thread-safe, and the bot draws each run's picture off its loop
 
 
@@ -52,7 +57,9 @@ def _draw(bars: list[LaunchSpan], path: Path | IO[bytes], title: str) -> int:
                 ha="center", va="top", fontsize=8, color="#d62728", fontweight="bold",
             )  # fmt: skip
         if bar.steps:
-            text = "  ".join(f"{step}: {OUTCOME_TEXT.get(outcome, outcome)}" for _, step, outcome in bar.steps)
+            text = "  ".join(
+                f"{step}: {OUTCOME_TEXT.get(outcome, outcome) if outcome else ''}" for _, step, outcome in bar.steps
+            )
             axes.annotate(
                 text, (bar.end, row), xytext=(6, 0), textcoords="offset points", va="center", fontsize=8
             )  # fmt: skip

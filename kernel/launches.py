@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from protos import runner_pb2 as pb
-from protos.vocab import to_id
+from protos.vocab import LadderOutcome, member, to_id
 
 # Events that show the launch's engine still alive (its log, its phases, its answers).
 ALIVE = ("phase_reached", "log_chunk", "first_error", "request_result", "ladder_step")
@@ -31,7 +31,7 @@ class LaunchSpan:
     phases: list[tuple[str, float]] = field(default_factory=list)  # (phase, reached at)
     failure: tuple[float, str, str] | None = None  # (at, phase, category) of its first error
     signature: str = ""
-    steps: list[tuple[float, str, str]] = field(default_factory=list)  # (at, ladder step, outcome)
+    steps: list[tuple[float, str, LadderOutcome | None]] = field(default_factory=list)  # (at, step, outcome)
 
     @property
     def proxy(self) -> bool:
@@ -94,4 +94,4 @@ class LaunchFold:
         elif kind == "ladder_step":
             step = event.ladder_step
             if step.outcome != pb.LADDER_OUTCOME_NOT_APPLICABLE:
-                current.steps.append((at, step.step, to_id(pb.LadderOutcome, step.outcome)))
+                current.steps.append((at, step.step, member(LadderOutcome, step.outcome)))

@@ -56,7 +56,7 @@ def ids(enum: type[E]) -> list[str]:
 
 # The status and verdict vocabularies, one StrEnum each: a member is its proto enum's id, so the store, JSON and
 # data files hold the same strings as before, and code compares and keys by member (tests/test_vocab.py keeps
-# each equal to its proto enum). `member` reads one from the wire; `wire` writes it back.
+# each equal to its proto enum). `member` reads one from the wire (None: left unset); `wire` writes it back.
 
 
 class StageStatus(StrEnum):
@@ -119,12 +119,11 @@ WIRE: dict[type[StrEnum], Any] = {
 V = TypeVar("V", bound=StrEnum)
 
 
-def member(kind: type[V], value: int) -> V:
-    """The member a wire value stands for; ValueError for UNSPECIFIED (a wire value left unset) or an unknown one."""
+def member(kind: type[V], value: int) -> V | None:
+    """The member a wire value stands for; None for UNSPECIFIED (the sender left it unset), ValueError for a
+    value the proto does not have."""
     ident = to_id(WIRE[kind], value)
-    if not ident:
-        raise ValueError(f"{kind.__name__} left unspecified on the wire")
-    return kind(ident)
+    return kind(ident) if ident else None
 
 
 def wire(value: StrEnum) -> int:

@@ -14,6 +14,7 @@ from bot.refusal import Refused
 from bot.rerun import command_line
 from bot.store import RunNotFound, Store
 from protos import runner_pb2 as pb
+from protos.vocab import StageStatus
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,5 +43,7 @@ async def _minimize(args: argparse.Namespace, where: Progress) -> int:
         except (RunRefused, RunLost) as exc:
             raise CommandError(str(exc)) from None
         record = RunRecord.replay(started.run_id, await core.store.call(Store.events, started.run_id))
-    shrunk = any(isinstance(s, StageResult) and s.stage == "minimize" and s.status == "ok" for s in record.steps)
+    shrunk = any(
+        isinstance(s, StageResult) and s.stage == "minimize" and s.status == StageStatus.OK for s in record.steps
+    )
     return 0 if finished.status == pb.RUN_STATUS_COMPLETED and shrunk else 1

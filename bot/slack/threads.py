@@ -19,7 +19,7 @@ from bot.consumer import EventCallback, RunLost, RunRefused
 from bot.coordinator import Coordinator, StartedRun
 from bot.isolation import Placement
 from bot.record import Check, Finished, PhaseReached, RunRecord, StageResult, StageStarted
-from bot.rerun import RerunOutcome, command_line, rerun_isolated, verdict_lines
+from bot.rerun import RerunOutcome, RerunVerdict, command_line, rerun_isolated, verdict_lines
 from bot.resume import Shown, resume_active
 from bot.slack.metrics import Metrics
 from bot.slack.outbox import UPLOAD, Outbox, Write, file_content
@@ -29,7 +29,7 @@ from protos import runner_pb2 as pb
 
 log = logging.getLogger("k3repro.slack.threads")
 
-VERDICT_MARK = {"reproduced": "🎯", "not_reproduced": "🌱", "different_failure": "🔀"}
+VERDICT_MARK = {RerunVerdict.REPRODUCED: "🎯", RerunVerdict.NOT_REPRODUCED: "🌱", RerunVerdict.DIFFERENT_FAILURE: "🔀"}
 REFRESH_ON = (StageStarted, PhaseReached, Check, StageResult, Finished, pb.Artifact)  # what the card or checklist show
 
 
@@ -232,7 +232,7 @@ class Threads:
     async def _timeline(self, view: RunRecord, fact: Finished) -> bytes:
         """The run's picture from its record's launches, drawn off the event loop: matplotlib takes a few
         hundred ms, and the loop serves Slack's acks meanwhile."""
-        title = timeline.caption(view.run_id, view.cluster, fact.decision or fact.status)
+        title = timeline.caption(view.run_id, view.cluster, fact.decision or fact.status or "")
         return await asyncio.to_thread(timeline.png, list(view.launches), title)
 
     async def _upload(
@@ -275,7 +275,8 @@ async def _ignore(event: pb.RunEvent) -> None:
 
 async def _post_verdict(post: Post, outcome: RerunOutcome) -> None:
     lines = verdict_lines(outcome)
-    mark = VERDICT_MARK.get(outcome.comparison["verdict"] or "", "⚠️")
+    verdict = outcome.comparison["verdict"]
+    mark = VERDICT_MARK[verdict] if verdict else "⚠️"
     message = blocks.fit(lines[0], [blocks.section(f"{mark} *{lines[0]}*"), blocks.section(blocks.code(lines[1:]))])
     await post(f"{outcome.original_id}:rerun:{outcome.run_id}:verdict", message)
 

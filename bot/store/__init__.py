@@ -25,18 +25,14 @@ from bot.store.base import ActiveRunExists, RunNotFound, StoreUnavailable, now, 
 from bot.store.log import LogTables
 from bot.store.rows import (
     ACTIVE,
-    CANCELLED,
-    COMPLETED,
-    ERROR,
     FINAL,
-    LOST,
-    RUNNING,
     AuditEntry,
     Change,
     OutboxRow,
     Posted,
     Rerun,
     Run,
+    RunState,
     Thread,
 )
 from bot.store.runs import RunTables
@@ -47,13 +43,8 @@ from kernel.retention import Retention, keep_private
 
 __all__ = [
     "ACTIVE",
-    "CANCELLED",
-    "COMPLETED",
-    "ERROR",
     "FINAL",
-    "LOST",
     "MIGRATIONS",
-    "RUNNING",
     "THREAD_REFS",
     "ActiveRunExists",
     "AsyncStore",
@@ -65,6 +56,7 @@ __all__ = [
     "Retention",
     "Run",
     "RunNotFound",
+    "RunState",
     "Store",
     "StoreUnavailable",
     "Thread",

@@ -5,12 +5,25 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from enum import StrEnum
 
-# A run's status: running until its runner's run_finished says how it ended (RunStatus's ids), or until the
-# bot gave up on it (lost). The one-active-run-per-cluster index (migration 6) covers ACTIVE.
-RUNNING, COMPLETED, CANCELLED, ERROR, LOST = "running", "completed", "cancelled", "error", "lost"
-ACTIVE = (RUNNING,)
-FINAL = (COMPLETED, CANCELLED, ERROR, LOST)
+from protos.vocab import Decision, RunStatus
+
+
+class RunState(StrEnum):
+    """A run's status in the store: running until its runner's run_finished says how it ended (a RunStatus,
+    the same ids), or until the bot gave up on it (lost). Its values are the stored strings."""
+
+    RUNNING = "running"
+    COMPLETED = RunStatus.COMPLETED.value
+    CANCELLED = RunStatus.CANCELLED.value
+    ERROR = RunStatus.ERROR.value
+    LOST = "lost"
+
+
+# The one-active-run-per-cluster index (migration 6) covers ACTIVE.
+ACTIVE = (RunState.RUNNING,)
+FINAL = (RunState.COMPLETED, RunState.CANCELLED, RunState.ERROR, RunState.LOST)
 
 
 @dataclass(frozen=True)
@@ -20,18 +33,23 @@ class Run:
     id: str
     cluster: str
     runner: str
-    status: str
+    status: RunState
     requested_by: str
     channel: str | None
     thread_ts: str | None
     image: str
     request_json: str
-    decision: str | None
+    decision: Decision | None
     summary: str | None
     created_at: str
     updated_at: str
     finished_at: str | None
     rerun_of: str | None
+
+    def __post_init__(self) -> None:
+        """The stored strings as their members (a bad one is a ValueError naming it)."""
+        object.__setattr__(self, "status", RunState(self.status))
+        object.__setattr__(self, "decision", Decision(self.decision) if self.decision else None)
 
     @property
     def minimize_of(self) -> str:

@@ -9,11 +9,12 @@ from typing import Any
 from google.protobuf import json_format
 
 from bot.store.base import ActiveRunExists, RunNotFound, Tables, now, redacted
-from bot.store.rows import ACTIVE, CANCELLED, FINAL, RUNNING, Rerun, Run
+from bot.store.rows import ACTIVE, FINAL, Rerun, Run, RunState
 from kernel.clock import WALL
 from kernel.redact import redactor
 from kernel.retention import DAY_S, CappedLog, LogBudget, Retention
 from protos import runner_pb2 as pb
+from protos.vocab import Decision
 
 _ACTIVE_SQL = ", ".join(f"'{status}'" for status in ACTIVE)
 _FINAL_SQL = ", ".join(f"'{status}'" for status in FINAL)
@@ -70,7 +71,7 @@ class RunTables(CappedLog, Tables):
         with self.db.conn:
             self.db.execute("DELETE FROM runs WHERE id = ?", [run_id])
 
-    def finish_run(self, run_id: str, status: str, summary: str = "", decision: str | None = None) -> None:
+    def finish_run(self, run_id: str, status: RunState, summary: str = "", decision: Decision | None = None) -> None:
         """A run has ended (`status` one of rows.FINAL): what it decided, in one line."""
         fields = {"status": status, "summary": summary, "decision": decision, "finished_at": now()}
         with self.db.conn:
@@ -83,7 +84,7 @@ class RunTables(CappedLog, Tables):
         except RunNotFound:
             return
         if run.status in ACTIVE:
-            self.finish_run(run_id, CANCELLED, why)
+            self.finish_run(run_id, RunState.CANCELLED, why)
 
     def get_run(self, run_id: str, clusters: tuple[str, ...] | None = None) -> Run:
         """A run by id or by a unique prefix of its id; with `clusters`, only a run of one of them."""
@@ -110,9 +111,11 @@ class RunTables(CappedLog, Tables):
         rows = list(self.db.table("runs").rows_where(where, [cluster]))
         return Run(**rows[0]) if rows else None
 
-    def runs(self, limit: int = 20, status: tuple[str, ...] = (), clusters: tuple[str, ...] | None = None) -> list[Run]:
+    def runs(
+        self, limit: int = 20, status: tuple[RunState, ...] = (), clusters: tuple[str, ...] | None = None
+    ) -> list[Run]:
         """The latest runs, newest first; with `status`, only those in it; with `clusters`, only theirs."""
-        wheres, params = [], list(status)
+        wheres, params = [], [str(s) for s in status]
         if status:
             wheres.append(f"status IN ({', '.join('?' * len(status))})")
         if clusters is not None:
@@ -268,7 +271,7 @@ def _new_run(
         "id": run_id,
         "cluster": cluster,
         "runner": runner,
-        "status": RUNNING,
+        "status": RunState.RUNNING,
         "requested_by": requested_by,
         "image": image,
         "request_json": request_json,
