@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import cast
 
 import pytest
+from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.config import BotConfig, ClusterConfig
+from bot.slack.access import GROUP_TTL_S, Access
 from kernel.clock import WallClock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,3 +98,40 @@ def test_wall_clock_derives_every_reading_from_now() -> None:
 
     assert Fixed().stamp() == "1970-01-02T00:00:00.500+00:00"
     assert Fixed().stamp("seconds") == "1970-01-02T00:00:00+00:00"
+
+
+class FakeClock(WallClock):
+    """Time that moves only when the test moves it (or a component sleeps on it)."""
+
+    def __init__(self) -> None:
+        self.t = 1_000.0
+
+    def now(self) -> float:
+        return self.t
+
+    def monotonic(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+async def test_a_component_reads_the_clock_it_is_given() -> None:
+    """Access trusts a user group's members for GROUP_TTL_S of its clock, then asks Slack again."""
+    asked: list[str] = []
+
+    class Client:
+        async def usergroups_users_list(self, usergroup: str) -> dict[str, list[str]]:
+            asked.append(usergroup)
+            return {"users": ["U1"]}
+
+    clock = FakeClock()
+    cluster = ClusterConfig("c", (), "", (), operators=("S1",))
+    access = Access(BotConfig(Path("store.db"), {"c": cluster}), cast(AsyncWebClient, Client()), clock)
+    await access.check_operator(cluster, "U1")
+    clock.t += GROUP_TTL_S - 1
+    await access.check_operator(cluster, "U1")
+    assert asked == ["S1"]
+    clock.t += 1
+    await access.check_operator(cluster, "U1")
+    assert asked == ["S1", "S1"]

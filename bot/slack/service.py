@@ -22,6 +22,7 @@ from bot.slack.outbox import Outbox, slack_error
 from bot.slack.tasks import TaskSet
 from bot.slack.threads import Threads
 from bot.store import AsyncStore
+from kernel.clock import WALL
 from kernel.toml_reader import ConfigError
 
 log = logging.getLogger("k3repro.slack")
@@ -89,7 +90,7 @@ class SlackBot:
             delay = START_BACKOFF_S[min(attempt, len(START_BACKOFF_S) - 1)]
             self.not_ready = f"{problem}; retrying in {delay:g} s"
             log.warning("%s", self.not_ready)
-            await asyncio.sleep(delay)
+            await WALL.sleep(delay)
             attempt += 1
 
     async def idle(self) -> None:
@@ -133,7 +134,7 @@ class HomeTasks(TaskSet):
             await super().wait()
             if not self._handing:
                 return
-            await asyncio.sleep(0.01)
+            await WALL.sleep(0.01)
 
 
 def _one_line(exc: BaseException) -> str:
