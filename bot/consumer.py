@@ -133,7 +133,7 @@ async def _follow(
             raise RunLost(message)
         if on_reconnect is not None:
             await on_reconnect(problem)
-        await asyncio.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
+        await WALL.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
         attempt += 1
 
 
