@@ -33,7 +33,7 @@ BATCHES = {
     ("e50.log", "e69.log"): {"phase": 20, "category": 20, "first_error_line": 20},
     ("e70.log", "e89.log"): {"phase": 20, "category": 20, "first_error_line": 20},
     ("f01.log", "f20.log"): {"phase": 20, "category": 20, "first_error_line": 19},
-    ("g01.log", "g20.log"): {"phase": 20, "category": 19, "first_error_line": 20},
+    ("g01.log", "g20.log"): {"phase": 20, "category": 20, "first_error_line": 20},
     ("h01.log", "h23.log"): {"phase": 22, "category": 23, "first_error_line": 23},
     ("i01.log", "i22.log"): {"phase": 22, "category": 22, "first_error_line": 22},
     ("j01.log", "j22.log"): {"phase": 20, "category": 21, "first_error_line": 20},

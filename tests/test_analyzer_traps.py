@@ -775,3 +775,18 @@ def test_a_request_the_server_answered_on_any_route_places_serving() -> None:
     ):
         error = analyze_text("\n".join([f"INFO:     127.0.0.1:50088 - {access}", nccl])).first_error
         assert error is not None and (error.phase, error.category) == (phase, "nccl_comm")
+
+
+def test_a_wrapper_s_quoted_cause_over_lines_is_named_by_the_line_a_rule_names() -> None:
+    # Triton's CompilationError quoted by the engine core's wrapper: `at 1:0:`, the kernel's source, then the
+    # message a rule names, each on its own logged line.
+    head = f"{CORE_ERR}RuntimeError: Worker failed with error 'at 1:0:"
+    rest = [
+        f"{CORE_ERR}def fused_moe_kernel(",
+        f"{CORE_ERR}^",
+        f'{CORE_ERR}ValueError("type fp8e4nv not supported in this architecture.")',
+    ]
+    error = analyze_text("\n".join([head, *rest])).first_error
+    assert error is not None and (error.line, error.category) == (head, "compile")
+    vague = analyze_text("\n".join([head, *rest[:2]])).first_error
+    assert vague is not None and (vague.line, vague.category) == (head, "other")

@@ -405,9 +405,10 @@ class ErrorLines:
         if rule is not None and self._arbiter.first_error is not None:
             self._arbiter.after_first(rule, ll)  # whatever the stream's state, as whole-file analysis sees it
         elif rule is not None and rule.kind == "root":
-            if cand is not None and cand.rule is None and cand.refined is None:
+            if cand is not None and (cand.rule is None or cand.tier == WRAPPER) and cand.refined is None:
+                # (a wrapper whose quoted cause goes on over lines: the rule naming one of them names the cause)
                 cand.refined = rule
-                cand.groups = groups(rule, ll.msg)
+                cand.groups = {**groups(rule, ll.msg), **cand.groups} if cand.tier == WRAPPER else groups(rule, ll.msg)
             elif rule.category == "oom":
                 self._arbiter.last_oom_line = self._cursor.n
 

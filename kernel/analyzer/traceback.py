@@ -366,6 +366,11 @@ class TracebackTracker:
             self._arbiter.end_message(st)
             return
         if match_rules:
+            quoting = self._arbiter.wrapper
+            if cand is None and quoting is not None and quoting.line_no == self._cursor.n - st.message_lines:
+                # (the message is a wrapper's quoted cause, over lines: `Worker failed with error 'at 1:0:`, then
+                # Triton's source and its `ValueError("type fp8e4nv not supported …")`)
+                cand = quoting if "cause" in quoting.groups else None
             self._intake.continuation(cand, ll)
         if st.message_lines >= self._tb.max_message_lines:
             self._arbiter.end_message(st)
