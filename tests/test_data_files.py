@@ -12,6 +12,7 @@ import pytest
 
 from bot.slack import metrics as slack_metrics
 from kernel.toml_reader import ConfigError, TomlReader, packaged
+from protos.vocab import LadderOutcome
 from runner.stages import cache_control, ladder, minimize, proxies
 from vllm_sim import catalog, simulator, startup
 from vllm_sim import metrics as sim_metrics
@@ -54,6 +55,15 @@ def test_a_ladder_row_keeps_its_free_parameters_and_refuses_a_wrong_type(monkeyp
     assert re.fullmatch(
         r"kernel/data/ladder.toml \[\[step\]\] #1 \(\w+\): 'needs_peers' must be true or false.*", problem
     )
+
+
+def test_a_ladder_outcome_outside_the_vocabulary_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert set(ladder.ladder_spec().outcomes.values()) <= set(LadderOutcome)  # read as members
+    data = copy.deepcopy(shipped("ladder.toml"))
+    data["outcomes"]["oom"] = "out_of_memory"
+    problem = refusal(monkeypatch, ladder, ladder.ladder_spec, "ladder.toml", data)
+    assert problem.startswith("kernel/data/ladder.toml: outcomes.oom must be one of ok, cache_hit")
+    assert problem.endswith("got 'out_of_memory'")
 
 
 def test_a_proxy_on_a_flag_vllm_does_not_have_is_named(monkeypatch: pytest.MonkeyPatch) -> None:

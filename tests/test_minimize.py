@@ -22,7 +22,7 @@ from bot.store import Store
 from kernel.tls import DevCerts
 from kernel.vllm_cli import parse_launch_command
 from protos import runner_pb2 as pb
-from runner.stages.minimize import Unit, Verdict, confidence_of, ddmin, tries_needed, units_of, with_units
+from runner.stages.minimize import Trial, Unit, confidence_of, ddmin, tries_needed, units_of, with_units
 from tests.k3fixtures import KIMI_LAUNCH, bot_core, finished_run, ignore_event, runner_data
 from tests.slack_api import (
     SlackApi,
@@ -44,16 +44,16 @@ def _units(names: str) -> tuple[Unit, ...]:
 
 def _test_of(
     needed: set[str], unresolved: frozenset[frozenset[str]] = frozenset()
-) -> tuple[Callable[[tuple[Unit, ...]], Awaitable[Verdict]], list[frozenset[str]]]:
+) -> tuple[Callable[[tuple[Unit, ...]], Awaitable[Trial]], list[frozenset[str]]]:
     """A test that fails when every flag in `needed` is there; sets in `unresolved` are neither."""
     tested: list[frozenset[str]] = []
 
-    async def test(subset: tuple[Unit, ...]) -> Verdict:
+    async def test(subset: tuple[Unit, ...]) -> Trial:
         key = frozenset(u.name for u in subset)
         tested.append(key)
         if key in unresolved:
-            return "unresolved"
-        return "fail" if needed <= key else "pass"
+            return Trial.UNRESOLVED
+        return Trial.FAIL if needed <= key else Trial.PASS
 
     return test, tested
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,18 @@ from kernel.toml_reader import ConfigError, TomlReader, read_toml
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 
 
+class CheckStatus(StrEnum):
+    """A rule's status in a check report, and the report's verdict (its worst rule; unknown counts as warn)."""
+
+    PASS = "pass"  # noqa: S105 (a status, not a password)
+    WARN = "warn"
+    FAIL = "fail"
+    UNKNOWN = "unknown"
+
+
+SEVERITIES = (CheckStatus.FAIL, CheckStatus.WARN)  # what a rule that does not hold may be
+
+
 class BaselineError(ConfigError):
     """An unknown or malformed baseline profile; one line."""
 
@@ -28,7 +41,7 @@ class Rule:
     id: str
     check: str
     description: str
-    severity: str  # the status when the rule does not hold: "fail" or "warn"
+    severity: CheckStatus  # the status when the rule does not hold: one of SEVERITIES
     params: dict[str, Any]
 
 
@@ -45,7 +58,9 @@ class Baseline:
         results = []
         for rule in self.rules:
             outcome = CHECKS[rule.check][0](facts, rule.params)
-            status = "unknown" if outcome.holds is None else "pass" if outcome.holds else rule.severity
+            status = (
+                CheckStatus.UNKNOWN if outcome.holds is None else CheckStatus.PASS if outcome.holds else rule.severity
+            )
             results.append(
                 {
                     "id": rule.id,
@@ -57,7 +72,12 @@ class Baseline:
                 }
             )
         statuses = {r["status"] for r in results}
-        verdict = "fail" if "fail" in statuses else "warn" if statuses & {"warn", "unknown"} else "pass"
+        if CheckStatus.FAIL in statuses:
+            verdict = CheckStatus.FAIL
+        elif statuses & {CheckStatus.WARN, CheckStatus.UNKNOWN}:
+            verdict = CheckStatus.WARN
+        else:
+            verdict = CheckStatus.PASS
         return {
             "baseline": self.name,
             "profile_file": self.source,
@@ -112,9 +132,9 @@ def _rule(raw: Any, origin: str) -> Rule:
     check = reader.text("check")
     if check not in CHECKS:
         raise BaselineError(f"{origin}: unknown check {check!r} (known: {', '.join(CHECKS)})")
-    severity = reader.text("severity", "fail")
-    if severity not in ("fail", "warn"):
-        raise BaselineError(f"{origin}: severity must be fail or warn, got {severity!r}")
+    severity = reader.text("severity", CheckStatus.FAIL)
+    if severity not in SEVERITIES:
+        raise BaselineError(f"{origin}: severity must be {' or '.join(SEVERITIES)}, got {severity!r}")
     spec = CHECKS[check][1]
     params = {k: v for k, v in raw.items() if k not in {"id", "check", "description", "severity"}}
     for key, value in params.items():
@@ -126,10 +146,10 @@ def _rule(raw: Any, origin: str) -> Rule:
     missing = [key for key, (_, required) in spec.items() if required and key not in params]
     if missing:
         raise BaselineError(f"{origin}: check {check} needs {missing[0]!r}")
-    return Rule(reader.text("id"), check, reader.text("description", ""), severity, params)
+    return Rule(reader.text("id"), check, reader.text("description", ""), CheckStatus(severity), params)
 
 
-_MARK = {"pass": "✓", "warn": "!", "fail": "✗", "unknown": "?"}
+_MARK = {CheckStatus.PASS: "✓", CheckStatus.WARN: "!", CheckStatus.FAIL: "✗", CheckStatus.UNKNOWN: "?"}
 
 
 def report_text(report: dict[str, Any]) -> str:

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from kernel.baseline import BaselineError, load_baseline
+from kernel.baseline import BaselineError, CheckStatus, load_baseline
 from protos import runner_pb2 as pb
 from runner.stages.context import RunContext, StageResult
 
@@ -23,15 +23,15 @@ async def run(ctx: RunContext) -> StageResult:
         return StageResult(pb.STAGE_STATUS_FAILED, str(exc))
     report = baseline.evaluate(ctx.evidence.fingerprint)
     await ctx.artifact("baseline", report)
-    by_status: dict[str, list[str]] = {}
+    by_status: dict[CheckStatus, list[str]] = {}
     for rule in report["rules"]:
         by_status.setdefault(rule["status"], []).append(rule["id"])
-    if report["verdict"] == "fail":
-        failed = [r for r in report["rules"] if r["status"] == "fail"]
+    if report["verdict"] == CheckStatus.FAIL:
+        failed = [r for r in report["rules"] if r["status"] == CheckStatus.FAIL]
         reasons = "; ".join(f"{r['id']}: {r['message']}" for r in failed)
         return StageResult(pb.STAGE_STATUS_FAILED, f"{profile}: incompatible scene, fix it before launching: {reasons}")
     counts = ", ".join(f"{len(ids)} {status}" for status, ids in by_status.items())
-    notes = [f"{status}: {', '.join(ids)}" for status, ids in by_status.items() if status != "pass"]
+    notes = [f"{status}: {', '.join(ids)}" for status, ids in by_status.items() if status != CheckStatus.PASS]
     return StageResult(
         pb.STAGE_STATUS_OK, f"{profile}: {report['verdict']} ({counts})" + (f" — {'; '.join(notes)}" if notes else "")
     )

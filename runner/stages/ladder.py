@@ -22,7 +22,7 @@ from kernel.analyzer.signature import signature
 from kernel.toml_reader import packaged
 from kernel.vllm_cli import ServeCommand
 from protos import runner_pb2 as pb
-from protos.vocab import from_id
+from protos.vocab import CATEGORIES, LadderOutcome, from_id
 from runner.stages import probes, proxies
 from runner.stages.context import NOT_FAILED, Attempt, RunContext, StageResult, StepOutcome
 from runner.stages.launcher import attempt_of, foreign_now, launch, not_reusable
@@ -46,7 +46,7 @@ class StepSpec:
 @dataclass(frozen=True)
 class LadderSpec:
     steps: tuple[StepSpec, ...]
-    outcomes: dict[str, str]
+    outcomes: dict[str, LadderOutcome]  # by error category: what a step that fails so found
     prefix_queries: tuple[str, ...]
     prefix_hits: tuple[str, ...]
     settle_s: float
@@ -79,7 +79,10 @@ def ladder_spec() -> LadderSpec:
     metrics = data.section("metrics")
     return LadderSpec(
         steps=tuple(steps),
-        outcomes={key: str(value) for key, value in data.table("outcomes").items()},
+        outcomes={
+            category: LadderOutcome(outcome)
+            for category, outcome in data.text_table("outcomes", CATEGORIES, list(LadderOutcome)).items()
+        },
         prefix_queries=tuple(metrics.texts("prefix_queries")),
         prefix_hits=tuple(metrics.texts("prefix_hits")),
         settle_s=metrics.number("settle_s"),
@@ -389,7 +392,7 @@ async def _request_failed(
 
 
 def _failed(spec: LadderSpec, step: str, summary: str, failure: Attempt, relaunched: bool) -> StepOutcome:
-    outcome = from_id(pb.LadderOutcome, spec.outcomes.get(failure.category, "crash"))
+    outcome = from_id(pb.LadderOutcome, spec.outcomes.get(failure.category, LadderOutcome.CRASH))
     return StepOutcome(step, outcome, summary, relaunched, failure)
 
 

@@ -15,18 +15,26 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from functools import cache
-from typing import Literal
 
 from kernel.toml_reader import packaged
 from kernel.vllm_cli import Option, ServeCommand, flag_table
 from protos import runner_pb2 as pb
-from protos.vocab import PHASES, to_id
+from protos.vocab import PHASES, LadderOutcome, to_id
 from runner.stages import ladder, proxies
 from runner.stages.context import Attempt, RunContext, StageResult
 from runner.stages.launcher import launch, release, shell_line
 
-Verdict = Literal["fail", "pass", "unresolved"]
+
+class Trial(StrEnum):
+    """How one tested flag set came out: it fails the same way, passes (launches and answers), or is unresolved."""
+
+    FAIL = "fail"
+    PASS = "pass"  # noqa: S105 (a verdict, not a password)
+    UNRESOLVED = "unresolved"
+
+
 START_PHASES = PHASES[: PHASES.index("api_listen")]  # a failure here needs no probe: the launch decides
 
 
@@ -57,7 +65,7 @@ class Unit:
 
 @dataclass(frozen=True)
 class Tested:
-    verdict: Verdict
+    verdict: Trial
     why: str
     tries: int
     real: bool  # the verdict rests on a launch of the real configuration
@@ -94,7 +102,7 @@ def confidence_of(p: float, tries: int) -> float:
     return 1.0 - (1.0 - min(max(p, 0.0), 1.0)) ** tries
 
 
-Test = Callable[[tuple[Unit, ...]], Awaitable[Verdict]]
+Test = Callable[[tuple[Unit, ...]], Awaitable[Trial]]
 
 
 async def ddmin(units: tuple[Unit, ...], test: Test) -> tuple[Unit, ...]:
@@ -106,20 +114,20 @@ async def ddmin(units: tuple[Unit, ...], test: Test) -> tuple[Unit, ...]:
         chunks = _split(current, n)
         reduced = False
         for chunk in chunks:
-            if await test(chunk) == "fail":
+            if await test(chunk) == Trial.FAIL:
                 current, n, reduced = chunk, 2, True
                 break
         if not reduced and len(chunks) > 2:  # with two chunks each complement is the other chunk, tested above
             for chunk in chunks:
                 rest = tuple(u for u in current if u not in chunk)
-                if await test(rest) == "fail":
+                if await test(rest) == Trial.FAIL:
                     current, n, reduced = rest, max(n - 1, 2), True
                     break
         if not reduced:
             if n >= len(current):
                 break
             n = min(len(current), 2 * n)
-    if len(current) == 1 and await test(()) == "fail":
+    if len(current) == 1 and await test(()) == Trial.FAIL:
         return ()
     return current
 
@@ -144,13 +152,13 @@ class Tester:
         self.p = 1.0  # how often the full set failed the same way
         self.exhausted = False
 
-    async def test(self, subset: tuple[Unit, ...]) -> Verdict:
+    async def test(self, subset: tuple[Unit, ...]) -> Trial:
         key = frozenset(u.name for u in subset)
         if key in self.results:
             return self.results[key].verdict
         if len(self.results) >= limits().max_tests:
             self.exhausted = True
-            return "unresolved"
+            return Trial.UNRESOLVED
         tested = await self._tested(subset, tries_needed(self.p, limits().confidence, limits().max_tries))
         self.results[key] = tested
         self.order.append((subset, tested))
@@ -161,9 +169,9 @@ class Tester:
         """The full set, tried engine.failure_attempts times: it must fail, and how often sets p."""
         tries = max(1, self.ctx.config.engine.failure_attempts)
         seen = [await self._once(self.units, f"minimize/full-{n}") for n in range(1, tries + 1)]
-        fails = [t for t in seen if t.verdict == "fail"]
+        fails = [t for t in seen if t.verdict == Trial.FAIL]
         self.p = len(fails) / len(seen)
-        tested = fails[0] if fails else next((t for t in seen if t.verdict == "unresolved"), seen[0])
+        tested = fails[0] if fails else next((t for t in seen if t.verdict == Trial.UNRESOLVED), seen[0])
         tested = replace(tested, tries=len(seen), why=f"{len(fails)} of {len(seen)} tries failed the same way")
         self.results[frozenset(u.name for u in self.units)] = tested
         self.order.append((self.units, tested))
@@ -173,7 +181,7 @@ class Tester:
     async def confirm(self, subset: tuple[Unit, ...]) -> Tested:
         """The minimal set once on the real configuration, unless a real launch showed its failure already."""
         kept = self.results.get(frozenset(u.name for u in subset))
-        if kept is not None and kept.verdict == "fail" and kept.real:
+        if kept is not None and kept.verdict == Trial.FAIL and kept.real:
             return kept
         with proxies.real_only(self.ctx):
             tested = self._verdict(await self._attempt(subset, "minimize/confirm"))
@@ -186,7 +194,7 @@ class Tester:
         source = f"minimize/test-{len(self.results) + 1}"
         for number in range(1, tries + 1):
             last = await self._once(subset, source if number == 1 else f"{source}/try-{number}")
-            if last.verdict != "pass":
+            if last.verdict != Trial.PASS:
                 return last
         assert last is not None
         if tries > 1:
@@ -212,20 +220,20 @@ class Tester:
         if outcome.failure is not None:
             return outcome.failure
         if outcome.outcome == pb.LADDER_OUTCOME_PROBE_ERROR:
-            return Attempt.inconclusive(outcome.detail, "probe_error", ctx.session.running_proxies)
+            return Attempt.inconclusive(outcome.detail, LadderOutcome.PROBE_ERROR, ctx.session.running_proxies)
         return Attempt.did_not_fail(ctx.session.running_proxies)
 
     def _verdict(self, got: Attempt) -> Tested:
         target, real = self.target, not got.proxy
         if got.failed and got.same_as(target):
-            return Tested("fail", f"fails in {got.phase} ({got.category}) with the same first error", 1, real)
+            return Tested(Trial.FAIL, f"fails in {got.phase} ({got.category}) with the same first error", 1, real)
         if got.held:
-            return Tested("pass", "launched and answered the probe", 1, real)
-        if got.category == "probe_error":
-            return Tested("unresolved", f"nothing tested: {got.signature}", 1, real)
+            return Tested(Trial.PASS, "launched and answered the probe", 1, real)
+        if got.category == LadderOutcome.PROBE_ERROR:
+            return Tested(Trial.UNRESOLVED, f"nothing tested: {got.signature}", 1, real)
         if got.phase == "gpu_detect" and got.category == "model_config":
-            return Tested("unresolved", "vLLM refused this flag set at argument validation", 1, real)
-        return Tested("unresolved", f"a different failure: {got.phase or 'no phase'} ({got.category})", 1, real)
+            return Tested(Trial.UNRESOLVED, "vLLM refused this flag set at argument validation", 1, real)
+        return Tested(Trial.UNRESOLVED, f"a different failure: {got.phase or 'no phase'} ({got.category})", 1, real)
 
     async def note(self, subset: tuple[Unit, ...], tested: Tested, what: str = "") -> None:
         flags = " ".join(u.text for u in subset) or "(essentials only)"
@@ -244,7 +252,7 @@ async def run(ctx: RunContext) -> StageResult:
         )
     tester = Tester(ctx, target, step, units)
     full = await tester.measure()
-    if full.verdict != "fail":
+    if full.verdict != Trial.FAIL:
         return StageResult(
             pb.STAGE_STATUS_FAILED,
             f"the deployment's own flag set did not fail the same way ({full.why}; {full.verdict}): nothing to minimize",
@@ -254,7 +262,7 @@ async def run(ctx: RunContext) -> StageResult:
     result = _result(ctx, tester, minimal, confirmed)
     await ctx.artifact("minimal_failing_command", result)
     flags = " ".join(u.text for u in minimal) or "none of the optional flags"
-    if confirmed.verdict != "fail":
+    if confirmed.verdict != Trial.FAIL:
         return StageResult(
             pb.STAGE_STATUS_FAILED,
             f"{flags} failed on proxies but not on the real configuration ({confirmed.why}): not a minimal failing set",
@@ -271,21 +279,21 @@ def _result(ctx: RunContext, tester: Tester, minimal: tuple[Unit, ...], confirme
     """The minimal failing command, what is shown irrelevant, and what the tests say (the report's and bundle's)."""
     names = {u.name for u in minimal}
     removals = [tester.results.get(frozenset(names - {u.name})) for u in minimal]
-    passes = [t.tries for t in removals if t is not None and t.verdict == "pass"]
+    passes = [t.tries for t in removals if t is not None and t.verdict == Trial.PASS]
     return {
         "original_run_id": ctx.request.minimize.original_run_id,
         "command": shell_line(with_units(ctx.command, minimal)),
         "flags": [u.text for u in minimal],
         "irrelevant": [u.text for u in tester.units if u.name not in names],
         "unresolved_removals": [
-            u.text for u, t in zip(minimal, removals, strict=True) if t is not None and t.verdict == "unresolved"
+            u.text for u, t in zip(minimal, removals, strict=True) if t is not None and t.verdict == Trial.UNRESOLVED
         ],
         "failure": {
             "phase": tester.target.phase,
             "category": tester.target.category,
             "signature": tester.target.signature,
         },
-        "confirmed_on_real": confirmed.verdict == "fail",
+        "confirmed_on_real": confirmed.verdict == Trial.FAIL,
         "one_minimal": not tester.exhausted,
         "repeat_rate": tester.p,
         "confidence": min((confidence_of(tester.p, n) for n in passes), default=1.0),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from kernel.baseline import load_baseline, report_text
+from kernel.baseline import CheckStatus, load_baseline, report_text
 from kernel.fingerprint import FingerprintError, load_fingerprint
 from kernel.usage import CommandError
 from runner.tools.fingerprint import take
@@ -21,4 +21,4 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     report = baseline.evaluate(scene)
     print(json.dumps(report, indent=2, ensure_ascii=False) if args.json else report_text(report))
-    return 1 if report["verdict"] == "fail" else 0
+    return 1 if report["verdict"] == CheckStatus.FAIL else 0
