@@ -6,15 +6,23 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
+import os
 import random
 import re
+import stat
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 pytest.importorskip("hyperscan")
 
-from kernel.analyzer import Analysis, StreamAnalyzer, analyze_lines, analyze_path, analyze_stream
+import hyperscan
+
+from kernel.analyzer import Analysis, StreamAnalyzer, analyze_lines, analyze_path, analyze_stream, disk_cache
+from kernel.analyzer import needles as needles_module
 from kernel.analyzer import scan as scan_module
 from kernel.analyzer.needles import needles, superset_expression
 from kernel.analyzer.reader import InputError, iter_lines
@@ -24,6 +32,7 @@ from tests.test_analyzer_fuzz import PIECES
 from tests.test_analyzer_support import CORPUS, corpus_labels, traceback
 
 RULES = default_rules()
+_HEAD = disk_cache._HEAD_BYTES  # a cache file's magic and digest, before its content
 TEXT_PIECES = [piece for piece in PIECES if "\x00" not in piece]  # NUL makes a log binary
 LABELS = corpus_labels()
 NOISE = [
@@ -440,3 +449,91 @@ def test_a_pipe_past_the_limit_is_refused() -> None:
     data = ("\n".join(dense_lines(random.Random(1), 2000)) + "\n").encode()
     with pytest.raises(InputError, match="larger than"):
         analyze_stream(io.BufferedReader(_Pipe(data)), max_bytes=len(data) // 2)
+
+
+# The on-disk cache (kernel.analyzer.disk_cache): a file there steers the scan, so one that is not this user's
+# alone, or whose content does not match its digest and key, is not used.
+
+
+def _forget_databases() -> None:
+    for kept in (scan_module._database, scan_module._needle_database, scan_module._compiled):
+        kept.cache_clear()
+
+
+@pytest.fixture
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """An empty cache folder ($XDG_CACHE_HOME in tmp_path), and no database of this process's kept in memory."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    _forget_databases()
+    yield tmp_path / "xdg" / "k3repro"
+    _forget_databases()
+
+
+def _failing_log(tmp_path: Path) -> tuple[Path, Analysis]:
+    """A log whose first error is deep in serving noise (found only if the scan's databases match), and what
+    streaming makes of it."""
+    example = next(r.examples[0] for r in RULES.rules if r.kind == "root" and r.category == "oom")
+    lines = [*NOISE * 200, example, *NOISE * 20]
+    path = tmp_path / "vllm.log"
+    path.write_text("\n".join(lines) + "\n")
+    streamed = analyze_lines(lines)
+    assert streamed.first_error is not None and streamed.first_error.line == example
+    return path, streamed
+
+
+def test_a_tampered_database_is_not_used(tmp_path: Path, own_cache: Path) -> None:
+    path, streamed = _failing_log(tmp_path)
+    assert analyze_path(path) == streamed
+    stored = sorted((own_cache / "hyperscan").glob("*.hsdb"))
+    assert stored
+    blind = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)  # a database that matches nothing in a log
+    blind.compile(expressions=[b"\\x00never\\x01"], ids=[0], flags=[0])
+    for file in stored:  # the digest kept, the content swapped: as a writer who cannot sign would leave it
+        file.write_bytes(file.read_bytes()[:_HEAD] + hyperscan.dumpb(blind))
+    _forget_databases()
+    assert analyze_path(path) == streamed
+    assert all(not file.read_bytes().endswith(hyperscan.dumpb(blind)) for file in stored)  # compiled and stored again
+
+
+def test_a_tampered_needle_list_is_not_used(own_cache: Path) -> None:
+    pattern = "CUDA out of memory"
+    derived = needles_module._Derived()
+    assert derived.get(pattern, lambda: ["CUDA out of memory"], sorted) == ["CUDA out of memory"]
+    derived.write()
+    (stored,) = own_cache.glob("needles-*.json")
+    head = stored.read_bytes()[:_HEAD]
+    stored.write_bytes(head + json.dumps({pattern: ["never in a log"]}).encode())
+    assert needles_module._Derived().get(pattern, lambda: ["CUDA out of memory"], sorted) == ["CUDA out of memory"]
+
+
+def test_a_fresh_cache_is_this_users_alone(tmp_path: Path, own_cache: Path) -> None:
+    path, streamed = _failing_log(tmp_path)
+    assert analyze_path(path) == streamed
+    folders = [tmp_path / "xdg", own_cache, own_cache / "hyperscan"]
+    assert [stat.S_IMODE(f.stat().st_mode) for f in folders] == [0o700] * 3
+    files = list((own_cache / "hyperscan").iterdir())
+    assert files and {stat.S_IMODE(f.stat().st_mode) for f in files} == {0o600}
+
+
+def test_a_cache_file_others_could_write_is_ignored(own_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = own_cache / "hyperscan" / "x.hsdb"
+    assert disk_cache.store(path, b"key", b"payload")
+    assert disk_cache.load(path, b"key") == b"payload"
+    assert disk_cache.load(path, b"another key") is None  # stored for other patterns
+    path.chmod(0o620)
+    assert disk_cache.load(path, b"key") is None
+    path.chmod(0o600)
+    own_cache.chmod(0o770)
+    assert disk_cache.load(path, b"key") is None
+    assert disk_cache.store(path, b"key", b"payload")  # this user's own folder is closed to others first
+    assert stat.S_IMODE(own_cache.stat().st_mode) == 0o700
+    with monkeypatch.context() as as_another_user:
+        as_another_user.setattr(os, "geteuid", lambda: os.getuid() + 1)
+        assert disk_cache.load(path, b"key") is None
+        own_cache.chmod(0o770)
+        assert not disk_cache.store(path, b"key", b"other")  # another user's folder is neither read nor written
+        assert stat.S_IMODE(own_cache.stat().st_mode) == 0o770
+    own_cache.chmod(0o700)
+    assert disk_cache.load(path, b"key") == b"payload"
+    path.write_bytes(path.read_bytes()[:-1])  # damaged
+    assert disk_cache.load(path, b"key") is None

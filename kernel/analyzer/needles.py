@@ -11,14 +11,14 @@ import atexit
 import hashlib
 import importlib
 import json
-import os
 import re
 import sys
-import tempfile
 from collections.abc import Callable, Iterable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
+
+from kernel.analyzer import disk_cache
 
 # The regex engine's own parser (Python >= 3.11; not in typeshed): the needles follow its exact syntax.
 _p: Any = importlib.import_module("re._parser")
@@ -45,13 +45,6 @@ def _needles(pattern: str, flags: int) -> _Needles | None:
     return None if found is None else frozenset(found)
 
 
-def cache_dir() -> Path:
-    """Where the analyzer keeps what it derives from the rules between runs: $XDG_CACHE_HOME/k3repro
-    (~/.cache by default)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "k3repro"
-
-
 _V = TypeVar("_V")
 
 
@@ -67,18 +60,20 @@ class _Derived:
         self._values: dict[str, Any] | None = None
         self._added = False
 
-    def _path(self) -> Path:
-        source = Path(__file__).read_bytes() + sys.version.encode()
-        return cache_dir() / f"needles-{hashlib.sha256(source).hexdigest()[:16]}.json"
+    def _path(self) -> tuple[Path, bytes]:
+        """The file, and the key its content is stored under: this module's source and Python's version."""
+        source = hashlib.sha256(Path(__file__).read_bytes() + sys.version.encode()).hexdigest()
+        return disk_cache.cache_dir() / f"needles-{source[:16]}.json", source.encode()
 
     def get(self, key: str, derive: Callable[[], _V | None], to_json: Callable[[_V], Any]) -> Any:
         """The stored value of key (JSON: a list or a string, or None), else derive() stored as to_json gives it."""
         if self._values is None:
             try:
-                loaded = json.loads(self._path().read_bytes())
-                self._values = loaded if isinstance(loaded, dict) else {}
+                stored = disk_cache.load(*self._path())
+                loaded = None if stored is None else json.loads(stored)
             except (OSError, ValueError):
-                self._values = {}
+                loaded = None
+            self._values = loaded if isinstance(loaded, dict) else {}
         if key in self._values:
             return self._values[key]
         derived = derive()
@@ -95,19 +90,11 @@ class _Derived:
         if not self._added or self._values is None:
             return
         try:
-            path = self._path()  # (this module's source may be unreadable: an installation without it)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".", suffix=".tmp", delete=False) as out:
-                try:
-                    json.dump(self._values, out)
-                    out.close()
-                    os.replace(out.name, path)
-                except BaseException:
-                    os.unlink(out.name)
-                    raise
-            for old in path.parent.glob("needles-*.json"):
-                if old != path:
-                    old.unlink(missing_ok=True)
+            path, source = self._path()  # (this module's source may be unreadable: an installation without it)
+            if disk_cache.store(path, source, json.dumps(self._values).encode()):
+                for old in path.parent.glob("needles-*.json"):
+                    if old != path:
+                        old.unlink(missing_ok=True)
         except OSError:
             pass
         self._added = False

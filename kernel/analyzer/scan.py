@@ -21,8 +21,6 @@ from __future__ import annotations
 import bisect
 import hashlib
 import io
-import os
-import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,8 +28,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import BinaryIO, cast
 
+from kernel.analyzer import disk_cache
 from kernel.analyzer.lines import LineParser, LogLine
-from kernel.analyzer.needles import cache_dir, needles, needles_of, superset_expression
+from kernel.analyzer.needles import needles, needles_of, superset_expression
 from kernel.analyzer.rules import Rules
 from kernel.analyzer.stream import CONTEXT_BEFORE, ErrorFinding, StreamAnalyzer, Watch
 
@@ -227,8 +226,9 @@ def _needle_database(literals: frozenset[str]) -> hyperscan.Database:
     return _kept(("needles", tuple(sorted(literals))), patterns)
 
 
-# What a stored database's name depends on besides its patterns: the bindings' version, the mode and flags.
-_CACHE_FORMAT = ("hyperscan", getattr(hyperscan, "__version__", "") if _HYPERSCAN else "", "block", "flags 0")
+# What a stored database depends on besides its patterns: the bindings' version, the mode and flags, and how
+# it is stored (kernel.analyzer.disk_cache: with a digest of its content and key).
+_CACHE_FORMAT = ("hyperscan", getattr(hyperscan, "__version__", "") if _HYPERSCAN else "", "block", "flags 0", "digest")
 _CACHE_FILES = 256  # the most databases kept on disk (a few MiB); the oldest go first
 
 
@@ -241,45 +241,41 @@ def _compiled(patterns: tuple[bytes, ...]) -> hyperscan.Database:
 def _kept(key: object, patterns: Callable[[], tuple[bytes, ...]]) -> hyperscan.Database:
     """The database stored under key (a repr-able value), or the one compiled from patterns() and stored:
     compiling a log's databases (20-40 of them, 5 ms each) was most of a short log's analysis; a stored one
-    loads in microseconds."""
-    path = cache_dir() / "hyperscan" / f"{hashlib.sha256(repr((_CACHE_FORMAT, key)).encode()).hexdigest()}.hsdb"
-    db = _stored(path)
+    loads in microseconds. The file is named by the key's digest and its content checked against the key
+    (disk_cache): a database stored for other patterns, or damaged, is compiled again."""
+    derived_from = repr((_CACHE_FORMAT, key)).encode()
+    path = disk_cache.cache_dir() / "hyperscan" / f"{hashlib.sha256(derived_from).hexdigest()}.hsdb"
+    db = _stored(path, derived_from)
     if db is None:
         expressions = patterns()
         db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
         db.compile(expressions=list(expressions), ids=list(range(len(expressions))), flags=[0] * len(expressions))
-        _store(path, db)
+        _store(path, derived_from, db)
     return db
 
 
-def _stored(path: Path) -> hyperscan.Database | None:
-    """The database stored at path, or None when there is none or it cannot be used (another Hyperscan
-    version or CPU, a damaged file: Hyperscan checks its header and checksum)."""
+def _stored(path: Path, key: bytes) -> hyperscan.Database | None:
+    """The database stored at path under key, or None when there is none or it cannot be used (not to be
+    trusted: see disk_cache; another Hyperscan version or CPU: Hyperscan checks its header)."""
+    stored = disk_cache.load(path, key)
+    if stored is None:
+        return None
     try:
-        db = hyperscan.loadb(path.read_bytes(), hyperscan.HS_MODE_BLOCK)
+        db = hyperscan.loadb(stored, hyperscan.HS_MODE_BLOCK)
         db.scratch = hyperscan.Scratch(db)
-    except (OSError, hyperscan.error):
+    except hyperscan.error:
         return None
     return db
 
 
-def _store(path: Path, db: hyperscan.Database) -> None:
-    """Keep a compiled database for the next run; silently nothing where the cache cannot be written (a
-    read-only home, a full disk): the next run compiles again. Written whole, then renamed: a process that
-    reads it concurrently sees the old state or the new one."""
+def _store(path: Path, key: bytes, db: hyperscan.Database) -> None:
+    """Keep a compiled database for the next run (the oldest beyond _CACHE_FILES removed); silently nothing
+    where the cache cannot be written (a read-only home, a full disk): the next run compiles again."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".", suffix=".tmp", delete=False) as out:
-            try:
-                out.write(hyperscan.dumpb(db))
-                out.close()
-                os.replace(out.name, path)
-            except BaseException:
-                os.unlink(out.name)
-                raise
-        kept = sorted(path.parent.glob("*.hsdb"), key=lambda p: p.stat().st_mtime, reverse=True)
-        for old in kept[_CACHE_FILES:]:
-            old.unlink(missing_ok=True)
+        if disk_cache.store(path, key, hyperscan.dumpb(db)):
+            kept = sorted(path.parent.glob("*.hsdb"), key=lambda p: p.stat().st_mtime, reverse=True)
+            for old in kept[_CACHE_FILES:]:
+                old.unlink(missing_ok=True)
     except (OSError, hyperscan.error):
         pass
 
