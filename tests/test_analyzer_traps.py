@@ -3,6 +3,7 @@ OOMs, phases from the error itself, prefixes, progress bars and collector wrappe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -790,3 +791,22 @@ def test_a_wrapper_s_quoted_cause_over_lines_is_named_by_the_line_a_rule_names()
     assert error is not None and (error.line, error.category) == (head, "compile")
     vague = analyze_text("\n".join([head, *rest[:2]])).first_error
     assert vague is not None and (vague.line, vague.category) == (head, "other")
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        pytest.param(lambda line: f"  {line}", id="indented-paste"),
+        pytest.param(lambda line: f"(TaskRunner pid=7) 2025-06-06 19:02:40,123\t{line}", id="actor-over-timestamp"),
+        pytest.param(lambda line: f"  | [2025-03-10T15:07:20Z] {line}", id="table-cell-bracketed-iso"),
+    ],
+)
+def test_wrappers_around_a_prefixed_log_read_as_the_log(wrap: Callable[[str], str]) -> None:
+    # A whole paste indented (a code block in a Markdown list), an actor's or rank's output that carries a
+    # timestamp of its own, a log viewer's cell: the lines inside are read as they are without them.
+    # (the traceback printed, not logged: no header inside the line to find the line's own start by)
+    log = [*STARTUP, *traceback(CORE, ["run_engine_core", "init_device", "ncclCommInitRank"], NCCL_ROOT)]
+    plain = analyze_text("\n".join(log)).first_error
+    wrapped = analyze_text("\n".join(wrap(line) for line in log)).first_error
+    assert plain is not None and wrapped is not None
+    assert (wrapped.phase, wrapped.category, wrapped.line) == (plain.phase, plain.category, wrap(log[-1]))

@@ -73,17 +73,13 @@ class LineParser:
             text = self._ansi.sub("", text)
         elif "^[[" in text:  # colour codes pasted as caret text: the display keeps them, as the paste has them
             text = self._ansi.sub("", text)
-        while True:
-            if (match := self._wrappers.match(text)) and match.end():
-                text = text[match.end() :]
-            elif self._quoted is not None and (match := self._quoted.match(text)):
-                # (the value's own text: what follows its closing quote is the collector's other fields)
-                value = _QUOTED_VALUE.match(text, match.end())
-                assert value is not None  # (it matches the empty value too)
-                text = _ESCAPE.sub(r"\1", value[0])
-            else:
-                break
+        text = self._unwrapped(text)
         proc, text = self._process_prefixes(text)
+        if proc and (inner := self._unwrapped(text)) is not text:
+            # (a process's own output in a collector's or a script's wrapper: a Ray actor, a torch rank printing
+            # timestamped lines, `(TaskRunner pid=1) 2025-06-06T19:02:40Z (WorkerDict pid=2) ERROR …`)
+            inner_proc, text = self._process_prefixes(inner)
+            proc = f"{proc} {inner_proc}".strip()
         if "\r" in text:
             # A progress bar redraws itself with CR: what stays on the terminal is the last segment.
             text = next((seg for seg in reversed(text.split("\r")) if seg.strip()), "")
@@ -164,6 +160,19 @@ class LineParser:
                 opening = raw.rfind("(", window, opening)
             end = len(raw[:opening].rstrip()) if opening >= 0 else 0
         return end
+
+    def _unwrapped(self, text: str) -> str:
+        """`text` without the collectors' wrappers at its start (the same object when it has none)."""
+        while True:
+            if (match := self._wrappers.match(text)) and match.end():
+                text = text[match.end() :]
+            elif self._quoted is not None and (match := self._quoted.match(text)):
+                # (the value's own text: what follows its closing quote is the collector's other fields)
+                value = _QUOTED_VALUE.match(text, match.end())
+                assert value is not None  # (it matches the empty value too)
+                text = _ESCAPE.sub(r"\1", value[0])
+            else:
+                return text
 
     def _process_prefixes(self, text: str) -> tuple[str, str]:
         """The process prefix(es) at the start of `text` ("" for none), and the rest."""
