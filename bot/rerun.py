@@ -17,7 +17,6 @@ import shlex
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from bot.bundle import MAX_BUNDLE_BYTES, Bundle, BundleError, export_bundle, is_imported
@@ -28,7 +27,7 @@ from bot.ids import new_run_id
 from bot.isolation import IsolationError, Placement, Provider, make_provider
 from bot.record import RunRecord
 from bot.refusal import Refused
-from bot.store import Run, Store
+from bot.store import RerunVerdict, Run, Store
 from kernel.fingerprint import diff
 from kernel.images import pinned_to
 from kernel.redact import PLACEHOLDER, redactor
@@ -104,14 +103,6 @@ def _words(words: Counter[str]) -> str:
 def _shown(word: str) -> str:
     """A recorded word as a refusal may show it, in a terminal or in Slack's mrkdwn: no markup, no mention."""
     return _UNSHOWN.sub("?", word)[:60]
-
-
-class RerunVerdict(StrEnum):
-    """What an isolated rerun says of its original (`compare`); the store's reruns.verdict holds the value."""
-
-    REPRODUCED = "reproduced"
-    NOT_REPRODUCED = "not_reproduced"
-    DIFFERENT_FAILURE = "different_failure"
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.config import SlackConfig
 from bot.slack.metrics import Metrics
 from bot.slack.tasks import TaskSet
-from bot.store import THREAD_REFS, AsyncStore, OutboxRow, Posted, Store
+from bot.store import THREAD_REFS, AsyncStore, OutboxRow, OutboxState, Posted, Store
 from kernel.clock import WALL, WallClock
 
 log = logging.getLogger("k3repro.slack.outbox")
@@ -177,7 +177,7 @@ class Outbox:
             try:
                 refs = await self.store.call(_refs, write)
             except Permanent as exc:
-                await self.store.call(_finish, row, "failed", str(exc))
+                await self.store.call(_finish, row, OutboxState.FAILED, str(exc))
                 self.metrics.inc("k3repro_slack_writes_total", method=write.method, outcome="failed")
                 return 0
             if refs is None:
@@ -219,7 +219,7 @@ class Outbox:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             outcome = await self._retry(row, write, _backoff(row), type(exc).__name__ or "error", "retried")
         else:
-            await self.store.call(_finish, row, "sent", "", write, answer)
+            await self.store.call(_finish, row, OutboxState.SENT, "", write, answer)
             self._wake_all()  # a write may wait for this one (a ref, `after`)
         self.metrics.inc("k3repro_slack_writes_total", method=write.method, outcome=outcome)
 
@@ -235,7 +235,7 @@ class Outbox:
         fallback = _fallback(write, error)
         if fallback is None:
             log.error("Slack write %s (%s) given up: %s", write.method, write.key, error)
-            await self.store.call(_finish, row, "failed", error)
+            await self.store.call(_finish, row, OutboxState.FAILED, error)
             self._wake_all()
             return "failed"
         log.warning("Slack write %s (%s) replaced by a short text: %s", write.method, write.key, error)
@@ -436,7 +436,7 @@ def _refs(store: Store, write: Write) -> dict[str, Any] | None:
 
 
 def _finish(
-    store: Store, row: OutboxRow, state: str, error: str, write: Write | None = None, answer: Any = None
+    store: Store, row: OutboxRow, state: OutboxState, error: str, write: Write | None = None, answer: Any = None
 ) -> None:
     """Completes the version that was sent; a message later writes refer to is kept in its run's thread."""
     posted = None

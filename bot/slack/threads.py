@@ -19,12 +19,12 @@ from bot.consumer import EventCallback, RunLost, RunRefused
 from bot.coordinator import Coordinator, StartedRun
 from bot.isolation import Placement
 from bot.record import Check, Finished, PhaseReached, RunRecord, StageResult, StageStarted
-from bot.rerun import RerunOutcome, RerunVerdict, command_line, rerun_isolated, verdict_lines
+from bot.rerun import RerunOutcome, command_line, rerun_isolated, verdict_lines
 from bot.resume import Shown, resume_active
 from bot.slack.metrics import Metrics
 from bot.slack.outbox import UPLOAD, Outbox, Write, file_content
 from bot.slack.tasks import TaskSet
-from bot.store import AsyncStore, Run, Store
+from bot.store import AsyncStore, RerunVerdict, Run, Store
 from protos import runner_pb2 as pb
 
 log = logging.getLogger("k3repro.slack.threads")

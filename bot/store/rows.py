@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Literal
 
 from protos.vocab import Decision, RunStatus
 
@@ -19,6 +20,22 @@ class RunState(StrEnum):
     CANCELLED = RunStatus.CANCELLED.value
     ERROR = RunStatus.ERROR.value
     LOST = "lost"
+
+
+class RerunVerdict(StrEnum):
+    """What an isolated rerun says of its original (bot/rerun.py's `compare`)."""
+
+    REPRODUCED = "reproduced"
+    NOT_REPRODUCED = "not_reproduced"
+    DIFFERENT_FAILURE = "different_failure"
+
+
+class OutboxState(StrEnum):
+    """A Slack write's progress in the outbox: pending until it is sent, or failed (given up)."""
+
+    PENDING = "pending"
+    SENT = "sent"
+    FAILED = "failed"
 
 
 # The one-active-run-per-cluster index (migration 6) covers ACTIVE.
@@ -70,10 +87,14 @@ class Rerun:
     provider: str  # static | slurm | kubernetes
     placement: str  # a runner address, a Slurm job, a Kubernetes Job
     bundle_sha256: str
-    verdict: str | None  # reproduced | not_reproduced | different_failure; None until it ends, '' without one
+    verdict: RerunVerdict | Literal[""] | None  # None until it ends, "" when it ended without one
     comparison_json: str | None
     created_at: str
     handle: str | None  # a Slurm job id, a Kubernetes Job name; None for a static runner
+
+    def __post_init__(self) -> None:
+        if self.verdict:
+            object.__setattr__(self, "verdict", RerunVerdict(self.verdict))
 
 
 @dataclass(frozen=True)
@@ -129,13 +150,16 @@ class OutboxRow:
     run_id: str
     method: str
     payload_json: str
-    state: str  # pending | sent | failed
+    state: OutboxState
     version: int  # bumped by every coalesced update; a send completes only the version it sent
     attempts: int
     not_before: float  # unix time: retry-after / backoff
     error: str | None
     created_at: str
     sent_at: str | None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", OutboxState(self.state))
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from bot.store.base import Tables, now
-from bot.store.rows import OutboxRow, Posted, Thread
+from bot.store.rows import OutboxRow, OutboxState, Posted, Thread
 from kernel.clock import WALL
 
 _SET_REF_SQL = {  # a run's messages that later writes refer to, by their ts
@@ -18,10 +18,11 @@ _SET_REF_SQL = {  # a run's messages that later writes refer to, by their ts
 THREAD_REFS = tuple(_SET_REF_SQL)
 _PUT_SQL = (
     "INSERT INTO slack_outbox (key, lane, run_id, method, payload_json, state, version, attempts, not_before,"
-    " created_at) VALUES (?, ?, ?, ?, ?, 'pending', 1, 0, 0, ?) ON CONFLICT(key) "
+    " created_at) VALUES (?, ?, ?, ?, ?, ?, 1, 0, 0, ?) ON CONFLICT(key) "
 )
 _PUT_CONFLICT = {
-    True: "DO UPDATE SET payload_json = excluded.payload_json, state = 'pending', version = version + 1, attempts = 0",
+    True: "DO UPDATE SET payload_json = excluded.payload_json, state = excluded.state, version = version + 1,"
+    " attempts = 0",
     False: "DO NOTHING",
 }
 
@@ -58,31 +59,35 @@ class SlackTables(Tables):
         """A new write; one whose key is stored already is left as it is, unless it `coalesce`s (a message's
         newer state: the row takes it as a new version, pending again)."""
         with self.db.conn:
-            self.db.execute(_PUT_SQL + _PUT_CONFLICT[coalesce], [key, lane, run_id, method, payload_json, now()])
+            self.db.execute(
+                _PUT_SQL + _PUT_CONFLICT[coalesce],
+                [key, lane, run_id, method, payload_json, OutboxState.PENDING, now()],
+            )
 
     def pending_lanes(self) -> list[str]:
-        return [row[0] for row in self.db.execute("SELECT DISTINCT lane FROM slack_outbox WHERE state = 'pending'")]
+        sql = "SELECT DISTINCT lane FROM slack_outbox WHERE state = ?"
+        return [row[0] for row in self.db.execute(sql, [OutboxState.PENDING])]
 
     def pending_writes(self, lane: str, *, least_recently_sent: bool) -> list[OutboxRow]:
         """A lane's pending writes (at most 100), in order; `least_recently_sent`: the row whose state was sent
         longest ago (or never) first."""
         order = "sent_at IS NOT NULL, sent_at, id" if least_recently_sent else "id"
         rows = self.db.table("slack_outbox").rows_where(
-            "state = 'pending' AND lane = ?", [lane], order_by=order, limit=100
+            "state = ? AND lane = ?", [OutboxState.PENDING, lane], order_by=order, limit=100
         )
         return [OutboxRow(**row) for row in rows]
 
     def is_pending(self, key: str) -> bool:
-        sql = "SELECT COUNT(*) FROM slack_outbox WHERE key = ? AND state = 'pending'"
-        return bool(self.db.execute(sql, [key]).fetchone()[0])
+        sql = "SELECT COUNT(*) FROM slack_outbox WHERE key = ? AND state = ?"
+        return bool(self.db.execute(sql, [key, OutboxState.PENDING]).fetchone()[0])
 
     def will_create(self, run_id: str, ref: str) -> bool:
         """Whether a write of the run that `creates` the message `ref` is pending or sent (not given up)."""
         sql = (
-            "SELECT COUNT(*) FROM slack_outbox WHERE run_id = ? AND state != 'failed'"
+            "SELECT COUNT(*) FROM slack_outbox WHERE run_id = ? AND state != ?"
             " AND json_extract(payload_json, '$.creates') = ?"
         )
-        return bool(self.db.execute(sql, [run_id, ref]).fetchone()[0])
+        return bool(self.db.execute(sql, [run_id, OutboxState.FAILED, ref]).fetchone()[0])
 
     def count_attempt(self, write_id: int, mark: str) -> None:
         """Counted before the call, with `mark` as its error until the answer says otherwise (a crash leaves it)."""
@@ -112,7 +117,9 @@ class SlackTables(Tables):
                 [method, payload_json, error, write_id],
             )
 
-    def finish_write(self, write_id: int, version: int, state: str, error: str, posted: Posted | None = None) -> None:
+    def finish_write(
+        self, write_id: int, version: int, state: OutboxState, error: str, posted: Posted | None = None
+    ) -> None:
         """Completes the version that was sent; a newer coalesced version stays pending and goes out next.
         A file's content is dropped once it is in Slack: the row's key is all that is still needed. `posted`:
         the run message it created, kept in its thread (the card's place is also the run's: runs.channel,
@@ -134,5 +141,5 @@ class SlackTables(Tables):
 
     def pending_count(self, lane: str = "") -> int:
         """Writes not sent yet, in one lane or in all."""
-        sql = "SELECT COUNT(*) FROM slack_outbox WHERE state = 'pending' AND (? = '' OR lane = ?)"
-        return int(self.db.execute(sql, [lane, lane]).fetchone()[0])
+        sql = "SELECT COUNT(*) FROM slack_outbox WHERE state = ? AND (? = '' OR lane = ?)"
+        return int(self.db.execute(sql, [OutboxState.PENDING, lane, lane]).fetchone()[0])
