@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bot.dispatcher import RunnerState
-from bot.store import Change
+from bot.store import Change, RunState
 
 
 @dataclass(frozen=True)
@@ -16,7 +16,7 @@ class Cancelled:
 
     run_id: str
     answer: str = ""
-    ended: str = ""
+    ended: RunState | None = None
 
 
 def cancelled(result: Cancelled) -> str:
