@@ -7,8 +7,9 @@ import pytest
 
 import bot.store as store_module
 from bot.ids import new_run_id
-from bot.store import ACTIVE, MIGRATIONS, ActiveRunExists, RunNotFound, Store
+from bot.store import ACTIVE, MIGRATIONS, ActiveRunExists, RunNotFound, RunState, Store
 from protos import runner_pb2 as pb
+from protos.vocab import Decision, RunStatus
 
 
 def _event(run_id: str, seq: int) -> pb.RunEvent:
@@ -63,6 +64,19 @@ def test_one_active_run_per_cluster(tmp_path: Path) -> None:
     store.finish_run("r1", "completed")
     store.create_run("r4", "a")
     assert {r.id for r in store.runs(status=ACTIVE)} == {"r3", "r4"}
+
+
+def test_statuses_are_stored_as_their_ids_and_read_back_as_members(tmp_path: Path) -> None:
+    store = Store(tmp_path / "k3.db")
+    store.create_run("r1", "a")
+    store.finish_run("r1", RunState.COMPLETED, "done", Decision.ISOLATE)
+    stored = store.db.execute("SELECT status, typeof(status), decision, typeof(decision) FROM runs").fetchone()
+    assert stored == ("completed", "text", "isolate", "text")  # the same strings as before the enums
+    run = store.get_run("r1")
+    assert run.status is RunState.COMPLETED and run.decision is Decision.ISOLATE
+    # the store's status is the wire's RunStatus ids and its own two
+    assert {s.value for s in RunState} - {s.value for s in RunStatus} == {"running", "lost"}
+    assert {s.value for s in RunStatus} <= {s.value for s in RunState}
 
 
 def test_runs_are_found_by_unique_prefix(tmp_path: Path) -> None:
