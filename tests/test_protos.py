@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.record import fact_of
+from bot.record import Check, Finished, LadderStep, StageResult, fact_of
 from kernel.vllm_cli import ladder_step_ids
 from protos import runner_pb2 as pb
 from protos import vocab
@@ -61,6 +61,17 @@ def test_each_status_and_verdict_enum_is_its_proto_enums_ids() -> None:
     assert vocab.member(vocab.Decision, pb.DECISION_UNSPECIFIED) is None
     with pytest.raises(ValueError, match="RunStatus has no name defined for value 99"):
         vocab.member(vocab.RunStatus, 99)  # a value a newer proto has
+
+
+def test_the_record_holds_members_and_none_where_the_wire_left_a_value_unset() -> None:
+    finished = fact_of(pb.RunEvent(run_finished=pb.RunFinished(status=pb.RUN_STATUS_ERROR)))
+    assert isinstance(finished, Finished) and finished.status is vocab.RunStatus.ERROR and finished.decision is None
+    step = fact_of(pb.RunEvent(ladder_step=pb.LadderStepResult(outcome=pb.LADDER_OUTCOME_CACHE_MISS)))
+    assert isinstance(step, LadderStep) and step.outcome is vocab.LadderOutcome.CACHE_MISS
+    unset = fact_of(pb.RunEvent(stage_finished=pb.StageFinished(stage=pb.STAGE_FREEZE)))
+    assert isinstance(unset, StageResult) and unset.status is None
+    check = fact_of(pb.RunEvent(checklist_item=pb.ChecklistItem(item=pb.CHECKLIST_ID_FAILURE_REPEATED)))
+    assert isinstance(check, Check) and check.state is vocab.ChecklistState.PENDING  # unset: no evidence
 
 
 def test_every_event_payload_is_in_the_oneof() -> None:
