@@ -28,7 +28,7 @@ LABELS = [json.loads(line) for line in (EXCERPTS / "labels.jsonl").read_text(enc
 # (the batch-7 rules also raised batch 2 to 26/27/26, batch 5 to 20/20/18 and batch 6 to 20/19/20). Batch 8
 # (i01-i22), 22 logs: first sight 17/17/20, after the label review 18/18/20, after the rules 22/22/22.
 BATCHES = {
-    ("e01.log", "e22.log"): {"phase": 21, "category": 22, "first_error_line": 22},
+    ("e01.log", "e22.log"): {"phase": 22, "category": 22, "first_error_line": 22},
     ("e23.log", "e49.log"): {"phase": 26, "category": 27, "first_error_line": 26},
     ("e50.log", "e69.log"): {"phase": 20, "category": 20, "first_error_line": 20},
     ("e70.log", "e89.log"): {"phase": 20, "category": 20, "first_error_line": 20},

@@ -810,3 +810,21 @@ def test_wrappers_around_a_prefixed_log_read_as_the_log(wrap: Callable[[str], st
     wrapped = analyze_text("\n".join(wrap(line) for line in log)).first_error
     assert plain is not None and wrapped is not None
     assert (wrapped.phase, wrapped.category, wrapped.line) == (plain.phase, plain.category, wrap(log[-1]))
+
+
+def test_an_excerpt_s_first_line_of_source_places_the_traceback_below_it(tmp_path: Path) -> None:
+    # A paste that starts on the outermost frame's source line (its `File "…"` line cut): that line names the
+    # call, as a logged one does; streaming and whole-file reading (which reads the first line) agree.
+    lines = [
+        '    self.NCCL_CHECK(self._funcs["ncclCommInitRank"](ctypes.byref(comm),',
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/distributed/device_communicators/pynccl_wrapper.py", '
+        "line 256, in NCCL_CHECK",
+        '    raise RuntimeError(f"NCCL error: {error_str}")',
+        "RuntimeError: NCCL error: invalid usage (run with NCCL_DEBUG=WARN for details)",
+    ]
+    path = tmp_path / "excerpt.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for error in (analyze_text("\n".join(lines)).first_error, analyze_path(path).first_error):
+        assert error is not None and (error.phase, error.category) == ("gpu_detect", "nccl_comm")
+    later = analyze_text("\n".join(["INFO: a line before it", *lines])).first_error
+    assert later is not None and later.phase == "unknown"

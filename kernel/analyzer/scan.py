@@ -372,7 +372,9 @@ def _analyze(
         fresh = False  # whether watch is still the analyzer's (nothing read since, before the first error)
         while pos < end:
             if not fresh:
-                watch = analyzer.watch()
+                # (the log's first line is always read: an excerpt's first line may be the source line of the
+                # outermost frame it cut, which places the traceback below it; see traceback._code_line)
+                watch = analyzer.watch() if analyzer.lines else None
             fresh = False
             if watch is not None:
                 holding = hold and held is not None and watch.error_line is errors and analyzer.holds_logged_error

@@ -350,8 +350,9 @@ class TracebackTracker:
             if frame.match(msg):
                 st.last_frame, st.last_frame_no, st.last_frame_run_phase = ll, self._cursor.n, self._phases.run_phase()
                 st.after_frame = True
-        elif ll.level is not None:
-            # (Only a logged one: whole-file reading may jump over an unlogged line without needles.)
+        elif ll.level is not None or self._cursor.n == 1:
+            # (Only a logged one, or the log's first: whole-file reading may jump over another unlogged line without
+            # needles.)
             st.loose_code = msg if msg.strip(" ^~") else loose  # (a `^^^` marker line keeps the code above it)
 
     def _continue_message(self, st: Stream, ll: LogLine, *, match_rules: bool) -> None:
