@@ -29,7 +29,7 @@ LABELS = [json.loads(line) for line in (EXCERPTS / "labels.jsonl").read_text(enc
 # (i01-i22), 22 logs: first sight 17/17/20, after the label review 18/18/20, after the rules 22/22/22.
 BATCHES = {
     ("e01.log", "e22.log"): {"phase": 22, "category": 22, "first_error_line": 22},
-    ("e23.log", "e49.log"): {"phase": 26, "category": 27, "first_error_line": 26},
+    ("e23.log", "e49.log"): {"phase": 27, "category": 27, "first_error_line": 26},
     ("e50.log", "e69.log"): {"phase": 20, "category": 20, "first_error_line": 20},
     ("e70.log", "e89.log"): {"phase": 20, "category": 20, "first_error_line": 20},
     ("f01.log", "f20.log"): {"phase": 20, "category": 20, "first_error_line": 19},
