@@ -772,7 +772,7 @@ def test_a_request_the_server_answered_on_any_route_places_serving() -> None:
     )
     for access, phase in (
         ('"POST /init_communicator/ HTTP/1.1" 200 OK', "request"),
-        ('"GET /x HTTP/1.1" 404', "gpu_detect"),
+        ('"GET /health HTTP/1.1" 200', "gpu_detect"),
     ):
         error = analyze_text("\n".join([f"INFO:     127.0.0.1:50088 - {access}", nccl])).first_error
         assert error is not None and (error.phase, error.category) == (phase, "nccl_comm")
