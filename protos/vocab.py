@@ -126,11 +126,6 @@ def member(kind: type[V], value: int) -> V | None:
     return kind(ident) if ident else None
 
 
-def wire(value: StrEnum) -> int:
-    """The wire value of a member."""
-    return int(from_id(WIRE[type(value)], value.value))
-
-
 # The fixed request: the APIs it may use, each by its path on the server, and what it is when nothing is said
 # (a cluster's [request] without api or repeats; a StartRun's api "" and repeats 0 on the wire).
 API_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}

@@ -57,7 +57,7 @@ def test_each_status_and_verdict_enum_is_its_proto_enums_ids() -> None:
         assert [m.value for m in kind] == vocab.ids(wire), kind.__name__  # same ids, same order
         assert [m.name for m in kind] == [vocab.to_id(wire, n).upper() for n in wire.values() if n], kind.__name__
         for item in kind:
-            assert vocab.member(kind, vocab.wire(item)) is item
+            assert vocab.member(kind, vocab.from_id(wire, item.value)) is item
     assert vocab.member(vocab.Decision, pb.DECISION_UNSPECIFIED) is None
     with pytest.raises(ValueError, match="RunStatus has no name defined for value 99"):
         vocab.member(vocab.RunStatus, 99)  # a value a newer proto has
