@@ -828,3 +828,12 @@ def test_an_excerpt_s_first_line_of_source_places_the_traceback_below_it(tmp_pat
         assert error is not None and (error.phase, error.category) == ("gpu_detect", "nccl_comm")
     later = analyze_text("\n".join(["INFO: a line before it", *lines])).first_error
     assert later is not None and later.phase == "unknown"
+
+
+def test_an_image_a_request_names_is_no_container_image() -> None:
+    pull = 'Warning  Failed  12s  kubelet  Failed to pull image "vllm/vllm-openai:v0.99.0": not found'
+    error = analyze_text(pull).first_error
+    assert error is not None and (error.phase, error.category) == ("container_init", "other")
+    fetch = "ERROR 01-01 00:00:00 [serving_chat.py:1] Failed to get image from http://host/a.png"
+    error = analyze_text(fetch).first_error
+    assert error is not None and error.phase != "container_init"
