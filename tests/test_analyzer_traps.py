@@ -837,3 +837,42 @@ def test_an_image_a_request_names_is_no_container_image() -> None:
     fetch = "ERROR 01-01 00:00:00 [serving_chat.py:1] Failed to get image from http://host/a.png"
     error = analyze_text(fetch).first_error
     assert error is not None and error.phase != "container_init"
+
+
+@pytest.mark.parametrize(
+    ("exception", "category"),
+    [
+        # out of memory whatever the device or allocator
+        ("RuntimeError: NPU out of memory. Tried to allocate 22.00 MiB (NPU 6; 60.97 GiB total capacity)", "oom"),
+        ("RuntimeError: HPU out of memory. Tried to allocate 2.00 GiB", "oom"),
+        ("RuntimeError: MPS backend out of memory (MPS allocated: 17.86 GB, max allowed: 18.13 GB).", "oom"),
+        ("RuntimeError: out of memory", "oom"),
+        # a compiler run as a subprocess, by name or path, list or string command
+        (
+            "subprocess.CalledProcessError: Command '['neuronx-cc', 'compile', '--framework=XLA', 'm.pb']' returned "
+            "non-zero exit status 70.",
+            "compile",
+        ),
+        (
+            "subprocess.CalledProcessError: Command '['/usr/bin/g++', 'a.cpp']' returned non-zero exit status 1.",
+            "compile",
+        ),
+        ("subprocess.CalledProcessError: Command 'cmake --build build' returned non-zero exit status 2.", "compile"),
+        # a config or tokenizer not found
+        (
+            "ValueError: Could not detect config format for no config file found. With config_format 'auto', ensure "
+            "your model has either config.json (HF format) or params.json (Mistral format).",
+            "weight_load",
+        ),
+        ("OSError: /models/m does not appear to have a file named config.json.", "weight_load"),
+        # a quantization scheme or method this vLLM does not support
+        ("NotImplementedError: No compressed-tensors compatible scheme was found.", "model_config"),
+        (
+            "ValueError: The quantization method fp8 is not supported for the current GPU. Minimum capability: 80.",
+            "model_config",
+        ),
+    ],
+)
+def test_a_cause_is_named_whatever_the_device_tool_or_wording(exception: str, category: str) -> None:
+    error = analyze_text("\n".join(traceback(CORE_ERR, ["run_engine_core", "step"], exception))).first_error
+    assert error is not None and error.category == category
