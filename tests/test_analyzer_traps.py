@@ -690,7 +690,8 @@ def test_a_cuda_message_s_search_for_line_never_wins_over_the_error_line_it_cont
     assert alone is not None and (alone.line, alone.category) == (search, "driver_cuda_init")
 
 
-def test_a_worker_s_death_after_a_wrapper_quoting_its_cause_is_the_survivors_reaction() -> None:
+def test_a_worker_s_death_after_a_wrapper_quoting_a_cause_is_the_survivors_reaction() -> None:
+    # (whether a rule names the cause or not: the wrapper quoting it was there first)
     oom = f"{CORE_ERR}RuntimeError: Worker failed with error 'CUDA out of memory. Tried to allocate 2.96 GiB.', please check"
     died = (
         f"{CORE}ERROR 07-01 09:41:29 [multiproc_executor.py:295] Worker proc VllmWorker-2 died unexpectedly "
@@ -698,8 +699,15 @@ def test_a_worker_s_death_after_a_wrapper_quoting_its_cause_is_the_survivors_rea
     )
     error = analyze_text("\n".join([oom, died])).first_error
     assert error is not None and (error.line, error.category) == (oom, "oom")
-    vague = f"{CORE_ERR}RuntimeError: Worker failed with error 'boom', please check the stack trace above"
+    # a cause no rule names, quoted by another data-parallel engine core than the one whose worker died
+    vague = (
+        "(EngineCore_DP1 pid=69) ERROR 07-01 09:41:21 [core.py:718] RuntimeError: Worker failed with error "
+        "'kv_cache must be a tuple', please check the stack trace above for the root cause"
+    )
     error = analyze_text("\n".join([vague, died])).first_error
+    assert error is not None and (error.line, error.category) == (vague, "other")
+    causeless = f"{API_ERR}RuntimeError: Engine core initialization failed. See root cause above."
+    error = analyze_text("\n".join([causeless, died])).first_error
     assert error is not None and error.line == died
 
 

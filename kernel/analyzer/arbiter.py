@@ -144,9 +144,10 @@ class Arbiter:
         if self.first_error is not None:
             return None
         wrapper = self.wrapper
-        quoted = wrapper if wrapper is not None and wrapper.refined is not None else None
-        # (A wrapper quoting a cause a rule names, `Worker failed with error 'CUDA out of memory…'`, outranks the
-        # weak lines after it: a worker's death without a traceback is the survivors' reaction to that cause.)
+        quoted = wrapper if wrapper is not None and wrapper.groups.get("cause") else None
+        # (A wrapper quoting a cause, `Worker failed with error 'CUDA out of memory…'` or one no rule names, outranks
+        # the weak lines after it: a worker's death without a traceback, in its engine core or another data-parallel
+        # one, is the survivors' reaction to that cause.)
         weak = [c for c in self.weak if quoted is None or c.line_no < quoted.line_no]
         if self.best is None and weak:
             self.best = min(weak, key=lambda c: c.line_no)
