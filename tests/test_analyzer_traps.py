@@ -884,3 +884,32 @@ def test_an_image_a_request_names_is_no_container_image() -> None:
 def test_a_cause_is_named_whatever_the_device_tool_or_wording(exception: str, category: str) -> None:
     error = analyze_text("\n".join(traceback(CORE_ERR, ["run_engine_core", "step"], exception))).first_error
     assert error is not None and error.category == category
+
+
+def test_another_process_s_traceback_running_across_an_error_places_it(tmp_path: Path) -> None:
+    # Two data-parallel engine cores failing together, their logged tracebacks interleaved: core 1's exception
+    # (raised in NCCL_CHECK, which every collective calls) inside core 0's traceback through the communicator's set-up.
+    one = "(EngineCore_1 pid=2) ERROR 04-23 21:31:36 [core.py:387] "
+    zero = "(EngineCore_0 pid=1) ERROR 04-23 21:31:36 [core.py:387] "
+    error = f"{one}RuntimeError: NCCL error: invalid usage (run with NCCL_DEBUG=WARN for details)"
+    own = [
+        f'{one}  File "/usr/lib/python3.12/site-packages/vllm/distributed/device_communicators/pynccl_wrapper.py", '
+        "line 256, in NCCL_CHECK",
+        f'{one}    raise RuntimeError(f"NCCL error: {{error_str}}")',
+        error,
+    ]
+    other = [
+        f'{zero}  File "/usr/lib/python3.12/site-packages/vllm/distributed/device_communicators/pynccl.py", line 99, '
+        "in __init__",
+        f"{zero}    self.comm: ncclComm_t = self.nccl.ncclCommInitRank(",
+        f"{zero}                            ^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+    ]
+    interleaved = [own[0], other[0], own[1], other[1], own[2], other[2]]
+    path = tmp_path / "interleaved.log"
+    path.write_text("\n".join(interleaved) + "\n", encoding="utf-8")
+    for found in (analyze_text("\n".join(interleaved)).first_error, analyze_path(path).first_error):
+        assert found is not None and (found.line, found.phase, found.category) == (error, "gpu_detect", "nccl_comm")
+    # the other traceback over before the error: it says nothing of where this one's process was
+    done = "(EngineCore_0 pid=1) INFO 04-23 21:31:36 [core.py:1] a line of its own after it"
+    before = analyze_text("\n".join([*other, done, *own])).first_error
+    assert before is not None and (before.line, before.phase) == (error, "unknown")

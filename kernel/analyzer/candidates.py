@@ -21,7 +21,7 @@ class Cursor:
     n: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Late:
     """A line that says where the run was (a wrapper's phase or method, a marker) or that it was starting."""
 
@@ -30,6 +30,7 @@ class Late:
     what: str
     startup: bool = False
     context: Context | None = None  # a context the marker's line started (the capture's progress bar)
+    until: int = 0  # a traceback's placing frame: the line its traceback had reached (it spans the lines up to it)
 
 
 @dataclass(slots=True)

@@ -64,16 +64,24 @@ class PhaseTracker:
         """The contexts' next edges: the end of an open one, the start of the others."""
         return tuple(c.end if c.name in self.contexts else c.start for c in self._rules.contexts)
 
-    def framed(self, phase: str) -> None:
+    def framed(self, phase: str) -> Late | None:
         """A traceback's frame placed its error in `phase`: for an earlier error nothing placed (an excerpt's cut
         logged traceback, then the process's own print of it), where the run was, as a wrapper would say."""
-        if self.searching:
-            self.late.append(Late(self._cursor.n, phase, "frames"))
+        if not self.searching:
+            return None
+        late = Late(self._cursor.n, phase, "frames")
+        self.late.append(late)
+        return late
+
+    def framing(self, late: Late) -> None:
+        """The traceback that `late`'s frame placed goes on to this line: an error another process logs inside it
+        (interleaved ranks or data-parallel engine cores failing together) happened while it ran."""
+        late.until = self._cursor.n
 
     def late_window(self, line_no: int) -> list[Late]:
-        """The evidence lines within `max_wait_lines` after the line."""
+        """The evidence lines within `max_wait_lines` after the line, and placing tracebacks running across it."""
         end = line_no + self._rules.traceback.max_wait_lines
-        return [x for x in self.late if line_no < x.line_no <= end]
+        return [x for x in self.late if line_no < max(x.line_no, x.until) and x.line_no <= end]
 
     def late_after(self, line_no: int) -> Late | None:
         """The first line right after the line that says where the run was."""

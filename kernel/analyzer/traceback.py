@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TypeVar
 
-from kernel.analyzer.candidates import WEAK, Candidate, Cursor
+from kernel.analyzer.candidates import WEAK, Candidate, Cursor, Late
 from kernel.analyzer.findings import ErrorFinding, PhaseFinding
 from kernel.analyzer.lines import LogLine
 from kernel.analyzer.phases import PhaseTracker
@@ -53,6 +53,7 @@ class Stream:
     wrapper_head: Candidate | None = None  # a logged wrapper line: heads a traceback if the next line starts one
     cut_head: Candidate | None = None  # the wrapper line heading the running traceback
     title: Candidate | None = None  # a wrapper that titles the running traceback (Ray's `RayTaskError(X): ray::…`)
+    framed: Late | None = None  # the running traceback's placing frame, as evidence of where the run was
 
     def is_idle(self) -> bool:
         """Nothing open in the stream: a line without needles cannot change what its next lines mean."""
@@ -69,7 +70,7 @@ class Stream:
 
     def clear_frames(self) -> None:
         self.frame_phase, self.frame_line, self.frame_context = None, "", None
-        self.last_frame, self.startup, self.cut_head = None, False, None
+        self.last_frame, self.startup, self.cut_head, self.framed = None, False, None, None
 
     def give_frames(self, cand: Candidate) -> None:
         """The traceback that just ended placed this candidate (or did not): its frames are the candidate's."""
@@ -102,7 +103,9 @@ class Frames:
             msg = msg.replace("\\", "/")  # a Windows build's paths (`File "C:\\…\\vllm\\worker\\gpu_worker.py"`)
         if st.frame_phase is None and (hint := self._hint(msg)) is not None:
             st.frame_phase, st.frame_line = hint.phase, msg.strip()
-            self._phases.framed(hint.phase)
+            st.framed = self._phases.framed(hint.phase)
+        elif st.framed is not None:
+            self._phases.framing(st.framed)
         if st.frame_context is None and self._contexts and (context := self._context(msg)) is not None:
             st.frame_context = context
         if not st.startup and rules.startup_frames is not None and self._startup(msg):
