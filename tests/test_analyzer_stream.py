@@ -180,7 +180,11 @@ def test_no_stall_once_ready_or_failed() -> None:
     ready.feed("INFO:     Application startup complete.", at=1.0)
     assert ready.stalled(now=1000.0, threshold_s=10.0) is None
     failed = StreamAnalyzer(started_at=0.0)
-    failed.feed("OSError: [Errno 98] Address already in use", at=1.0)
+    # (an error placed at once: the API server's bind, by uvicorn's words)
+    failed.feed(
+        "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use",
+        at=1.0,
+    )
     assert failed.stalled(now=1000.0, threshold_s=10.0) is None
 
 

@@ -163,7 +163,13 @@ def test_free_memory_less_than_desired_is_a_secondary_oom_at_gpu_detect() -> Non
             "engine_init",
             "kv_cache_capacity",
         ),
-        ("OSError: [Errno 98] Address already in use", "api_listen", "port_in_use"),
+        # a bind fails in any process (the API server's, a worker's, a KV connector's): alone it places nothing
+        ("OSError: [Errno 98] Address already in use", "unknown", "port_in_use"),
+        (
+            "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use",
+            "api_listen",
+            "port_in_use",
+        ),
         (
             "nvidia-container-cli: requirement error: unsatisfied condition: cuda>=12.8, please update your "
             "driver to a newer version, or use an earlier cuda container: unknown",
@@ -913,3 +919,22 @@ def test_another_process_s_traceback_running_across_an_error_places_it(tmp_path:
     done = "(EngineCore_0 pid=1) INFO 04-23 21:31:36 [core.py:1] a line of its own after it"
     before = analyze_text("\n".join([*other, done, *own])).first_error
     assert before is not None and (before.line, before.phase) == (error, "unknown")
+
+
+def test_only_the_api_server_s_bind_places_its_listen() -> None:
+    # A worker's or a KV connector's bind failing is no API-server listen; the API server's process, its bind of
+    # `args.port` or uvicorn's own message are.
+    connector = (
+        "(Worker_DP0_TP11_EP11 pid=9) ERROR 05-10 13:47:13 [mooncake_connector.py:246] Mooncake KVCacheSendingThread "
+        "exception: Address already in use (addr='tcp://10.0.0.7:20013')"
+    )
+    probe = traceback("", ["get_open_port"], "OSError: [Errno 98] Address already in use")
+    api = "(APIServer pid=1) OSError: [Errno 98] Address already in use"
+    bind = traceback("", ["run_server"], "OSError: [Errno 98] Address already in use")
+    bind[-2] = '    temp_socket.bind(("", args.port))'
+    uvicorn = "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use"
+    for lines, phase in (([connector], "unknown"), (probe, "unknown"), ([api], "api_listen"), (bind, "api_listen")):
+        error = analyze_text("\n".join(lines)).first_error
+        assert error is not None and (error.phase, error.category) == (phase, "port_in_use"), lines
+    error = analyze_text(uvicorn).first_error
+    assert error is not None and (error.phase, error.category) == ("api_listen", "port_in_use")

@@ -30,6 +30,7 @@ class ErrorFinding:
     during: str = ""  # the log stretch it happened in (rules.toml [[context]], e.g. "cudagraph_capture")
     why: tuple[str, ...] = ()  # what chose this line, phase and category (`k3repro analyze --explain`)
     # What placed the phase: "marker" (the log's phase lines), "frames", "module" (the logger's call site),
+    # "process" (the error's process prefix, by its rule's phase_in_process),
     # "method" (a worker RPC its line names), "request_id", "collective_seq", "rule" (only one phase is possible),
     # "wrapper_after"/"marker_after"/"frames_after" (a line or a traceback's frame right after it says where the run
     # was), "rule_in_startup" (where the rule's error happens, the engine starting), "rule_usual" (a compile-class

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -119,6 +119,9 @@ class ErrorRule:
     # A root cause vLLM logs as a warning and runs on from (its libraries failing to load): the first error
     # when a later error follows it, nothing in a log where none does.
     warned: bool = False
+    # Phases the error's process places it in, by a pattern of its process prefix (`(APIServer pid=1)`: a bind that
+    # fails in the API server's process is its listen); after its traceback's frames, before the log's markers.
+    phase_in_process: Mapping[str, re.Pattern[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -334,6 +337,10 @@ def _rule(row: TomlReader) -> ErrorRule:
         examples=tuple(row.texts("examples")),
         cause_follows=row.optional_regex("cause_follows"),
         warned=row.flag("warned", False),
+        phase_in_process={
+            phase: row.compile(pattern, f"phase_in_process.{phase}")
+            for phase, pattern in row.text_table("phase_in_process", PHASES).items()
+        },
     )
 
 
