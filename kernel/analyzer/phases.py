@@ -219,8 +219,10 @@ class Placer:
         if cand.frame_phase is not None:
             return cand.frame_phase, f"traceback frame {cand.frame_line}", "frames"
         proc = cand.key[0]
-        for rule in cand_rules:
-            for phase, process in rule.phase_in_process.items() if rule is not None and proc else ():
+        for rule in cand_rules if proc else ():
+            if rule is None:
+                continue
+            for phase, process in rule.phase_in_process.items():
                 if process.search(proc):
                     return phase, f"{rule.id} in the process {proc}", "process"
         module = self._module_phase(cand.src) if cand.src else None
