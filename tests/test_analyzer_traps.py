@@ -938,3 +938,20 @@ def test_only_the_api_server_s_bind_places_its_listen() -> None:
         assert error is not None and (error.phase, error.category) == (phase, "port_in_use"), lines
     error = analyze_text(uvicorn).first_error
     assert error is not None and (error.phase, error.category) == ("api_listen", "port_in_use")
+
+
+def test_a_build_failing_while_the_engine_starts_is_placed_by_the_log_not_its_class() -> None:
+    # A kernel build runs while the engine profiles, warms up or captures, and at a request's first use: the engine
+    # core being built says the engine was starting, not which step built the kernel.
+    ninja = (
+        "subprocess.CalledProcessError: Command '['ninja', '-v', '-C', '/root/.cache/flashinfer/cached_ops']' "
+        "returned non-zero exit status 1."
+    )
+    chain = [f"{CORE_ERR}", f"{CORE_ERR}The above exception was the direct cause of the following exception:", CORE_ERR]
+    for frames, phase in (
+        (["run_engine_core", "__init__"], "unknown"),
+        (["run_engine_core", "profile_run"], "engine_init"),
+    ):
+        outer = traceback(CORE_ERR, frames, "RuntimeError: Engine core initialization failed.")
+        error = analyze_text("\n".join([f"{CORE_ERR}{ninja}", *chain, *outer])).first_error
+        assert error is not None and (error.phase, error.category) == (phase, "compile"), frames
