@@ -39,7 +39,7 @@ BATCHES = {
     ("j01.log", "j22.log"): {"phase": 20, "category": 21, "first_error_line": 20},
     ("k01.log", "k22.log"): {"phase": 22, "category": 22, "first_error_line": 22},
     ("l01.log", "l22.log"): {"phase": 22, "category": 21, "first_error_line": 22},
-    ("m01.log", "m22.log"): {"phase": 22, "category": 21, "first_error_line": 21},
+    ("m01.log", "m22.log"): {"phase": 22, "category": 22, "first_error_line": 22},
 }
 
 

@@ -955,3 +955,23 @@ def test_a_build_failing_while_the_engine_starts_is_placed_by_the_log_not_its_cl
         outer = traceback(CORE_ERR, frames, "RuntimeError: Engine core initialization failed.")
         error = analyze_text("\n".join([f"{CORE_ERR}{ninja}", *chain, *outer])).first_error
         assert error is not None and (error.phase, error.category) == (phase, "compile"), frames
+
+
+def test_interleaved_cut_tracebacks_are_ordered_by_where_they_began(tmp_path: Path) -> None:
+    # Two ranks' tracebacks interleaved and both cut by the excerpt: the one that began first is the earlier error,
+    # named by its last frame, whichever traceback shows fewer lines after it.
+    zero = "(Worker_TP0_EP0 pid=533) ERROR 06-12 08:47:03 [multiproc_executor.py:962] "
+    seven = "(Worker_TP7_EP7 pid=974) ERROR 06-12 08:47:03 [multiproc_executor.py:962] "
+    capture = f'{zero}  File "/vllm/v1/worker/gpu_model_runner.py", line 6163, in _warmup_and_capture'
+    lines = [
+        f'{zero}  File "/vllm/v1/worker/gpu_model_runner.py", line 6217, in _capture_cudagraphs',
+        f'{seven}  File "/torch/utils/_contextlib.py", line 124, in decorate_context',
+        f"{zero}    self._warmup_and_capture(",
+        f"{seven}    return func(*args, **kwargs)",
+        capture,
+        f"{zero}    self._dummy_run(",
+    ]
+    path = tmp_path / "interleaved.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for error in (analyze_text("\n".join(lines)).first_error, analyze_path(path).first_error):
+        assert error is not None and (error.line, error.category) == (capture, "cudagraph")

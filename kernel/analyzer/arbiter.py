@@ -148,9 +148,9 @@ class Arbiter:
         # (A wrapper quoting a cause, `Worker failed with error 'CUDA out of memory…'` or one no rule names, outranks
         # the weak lines after it: a worker's death without a traceback, in its engine core or another data-parallel
         # one, is the survivors' reaction to that cause.)
-        weak = [c for c in self.weak if quoted is None or c.line_no < quoted.line_no]
+        weak = [c for c in self.weak if quoted is None or c.start() < quoted.line_no]
         if self.best is None and weak:
-            self.best = min(weak, key=lambda c: c.line_no)
+            self.best = min(weak, key=Candidate.start)
         if self.best is None and self.wrapper is not None:
             self.best = self.wrapper
         return self.emit(streams, force=True)
@@ -180,6 +180,7 @@ class Arbiter:
                 key=(ll.proc, ll.src),
                 opened_at=self._cursor.n,
                 src=ll.src,
+                began=st.frames_from,
             )
             self.add_weak(cand)
         cand.cut = True

@@ -58,6 +58,12 @@ class Candidate:
     reserved: bool = False  # a header waiting for its traceback to end
     cut: bool = False  # a traceback that ends (the log ends) before its exception line
     startup: bool = False  # its traceback shows the engine starting ([defaults] startup_frames)
+    # Where it began, when not on its own line: a cut traceback named by its last frame began on its first (two
+    # processes' cut tracebacks interleaved: the one logged first is the earlier error).
+    began: int = 0
+
+    def start(self) -> int:
+        return self.began or self.line_no
 
 
 def later(phase: str | None, than: str | None) -> bool:

@@ -46,6 +46,7 @@ class Stream:
     message_lines: int = 0
     last_frame: LogLine | None = None  # the traceback's last `File "…"` line (names a cut traceback's failure)
     last_frame_no: int = 0
+    frames_from: int = 0  # the line the running traceback began on (its first frame, where an excerpt cut its start)
     last_frame_run_phase: str | None = None
     startup: bool = False  # the running traceback has a frame of the engine starting
     after_frame: bool = False  # the stream's last line was a `File "…"` frame line (its source line is next)
@@ -308,6 +309,7 @@ class TracebackTracker:
             self._arbiter.end_message(st)
             st.state = FRAMES
             st.clear_frames()
+            st.frames_from = self._cursor.n
             st.cut_head = head
             if head is None and tb.titled is not None and tb.titled.match(msg):
                 self._intake.titled(st, ll)
@@ -346,8 +348,10 @@ class TracebackTracker:
         if st.state == MESSAGE:
             self._continue_message(st, ll, match_rules=False)
         elif st.state == FRAMES or frame.match(msg):
-            if st.state != FRAMES and loose:
-                self._frames.read(st, loose)  # the excerpt began with an outer frame's source line
+            if st.state != FRAMES:
+                st.frames_from = self._cursor.n
+                if loose:
+                    self._frames.read(st, loose)  # the excerpt began with an outer frame's source line
             st.state = FRAMES
             self._frames.read(st, msg)
             if frame.match(msg):
