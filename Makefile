@@ -66,9 +66,10 @@ lint: setup
 	$(BIN)/mypy
 
 # Every tier, in two passes: the unit and sim tiers on two workers (they wait on loopback more than they compute),
-# then the daemons (one private dockerd, one single-node Slurm) and real-vLLM tiers on two workers, one tier each
-# (`--dist loadgroup`, the groups given by tests/conftest.py): the real-vLLM tests one at a time (a vLLM CPU server
-# takes every core when it computes), the daemons tests beside them. Together the passes select every test
+# then the daemons (one private dockerd, one single-node Slurm) and real-vLLM tiers on two workers, each worker one
+# serial stream (`--dist loadgroup`, the streams given by tests/conftest.py): half the real-vLLM tests on one, the
+# daemons tests then the other half on the other, never more than two vLLM CPU servers at once (a launch is three
+# processes importing vLLM one after the other, one core each). Together the passes select every test
 # (tests/test_tiers.py checks the markers).
 test: lint
 	K3REPRO_VLLM_PYTHON=$(VLLM_PYTHON) $(BIN)/pytest -m "unit or sim" -n $(CHECK_WORKERS) -p no:cacheprovider

@@ -12,11 +12,12 @@ from xdist.scheduler import LoadGroupScheduling  # type: ignore[import-untyped]
 
 from kernel.tls import DevCerts, write_dev_certs
 from tests.dockerd import Dockerd, running_dockerd
+from tests.real_vllm_method import real_run
 from tests.slack_api import SlackApi
 from tests.vllm_cpu import vllm_env, vllm_models
 
 # Fixtures defined once here for every module: a session fixture imported by several modules is one per module.
-__all__ = ["vllm_env", "vllm_models"]
+__all__ = ["real_run", "vllm_env", "vllm_models"]
 
 
 @pytest.fixture(scope="session")
@@ -113,6 +114,8 @@ TIERS: dict[str, str] = {
     "test_real_vllm": "real_vllm",
     "test_real_vllm_stacks": "real_vllm",
     "test_real_vllm_caches": "real_vllm",
+    "test_real_vllm_healthy": "real_vllm",
+    "test_real_vllm_kv_cache": "real_vllm",
     "test_record": "unit",
     "test_redact": "unit",
     "test_redact_redos": "unit",
@@ -199,11 +202,14 @@ def tier_of(item: pytest.Item) -> str | None:
 
 
 UNTIERED = pytest.StashKey[list[str]]()  # this session's tests with no tier or more than one, before any -m
-# `make test`'s second pass runs these tiers on two workers with `--dist loadgroup`, each tier one group (TierGroups):
-# one worker runs every real-vLLM test (never two vLLM CPU servers at once) and the other every daemons test beside
-# it (one private dockerd and one Slurm at a time, as in a serial run). The scheduler sees node ids only, so a test
-# of these tiers must be in a module whose TIERS row is its tier (tests/test_tiers.py checks).
+# `make test`'s second pass runs these tiers on two workers with `--dist loadgroup`, each worker one serial stream
+# (TierGroups). A vLLM CPU launch is three Python processes that import torch and vLLM one after the other, one core
+# each, so two vLLM servers at once keep both cores busy where one left a core idle: the first stream runs the
+# real-vLLM modules of FIRST_STREAM, the second the daemons tier (one private dockerd and one Slurm at a time, as in
+# a serial run) and then the other real-vLLM modules. Never more than two vLLM servers at once. The scheduler sees
+# node ids only, so a test of these tiers must be in a module whose TIERS row is its tier (tests/test_tiers.py).
 SERIAL_TIERS = ("daemons", "real_vllm")
+FIRST_STREAM = ("test_real_vllm_healthy", "test_real_vllm_kv_cache")
 ELSEWHERE = pytest.StashKey[list[str]]()  # this session's tests of a serial tier in a module of another row
 
 
@@ -222,12 +228,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 class TierGroups(LoadGroupScheduling):  # type: ignore[misc]
-    """`--dist loadgroup` with each serial tier one group. xdist 3.8 groups `xdist_group` marks by renaming node ids,
-    which pytest 9 no longer lets a plugin do (the marks reach no scheduler): the group is read from the id."""
+    """`--dist loadgroup` with the serial tiers in two groups, one per worker. xdist 3.8 groups `xdist_group` marks
+    by renaming node ids, which pytest 9 no longer lets a plugin do (the marks reach no scheduler): the group is read
+    from the id."""
 
     def _split_scope(self, nodeid: str) -> str:
-        tier = TIERS.get(Path(nodeid.split("::", 1)[0]).stem)
-        return tier if tier in SERIAL_TIERS else super()._split_scope(nodeid)
+        module = Path(nodeid.split("::", 1)[0]).stem
+        if TIERS.get(module) not in SERIAL_TIERS:
+            return super()._split_scope(nodeid)
+        return "first stream" if module in FIRST_STREAM else "second stream"
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> LoadGroupScheduling | None:

@@ -24,7 +24,7 @@ from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
 from runner.stages.cache_control import SOURCE
 from tests.k3fixtures import run_to_end
-from tests.test_real_vllm import IMAGE, REQUEST, launch_line, runner_settings
+from tests.real_vllm_method import IMAGE, REQUEST, launch_line, runner_settings
 from tests.vllm_cpu import vllm_python
 
 pytestmark = pytest.mark.timeout(600)

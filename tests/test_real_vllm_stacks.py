@@ -20,7 +20,7 @@ import pytest
 from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
 from tests.k3fixtures import bot_core
-from tests.test_real_vllm import IMAGE, REQUEST, launch_line, runner_settings
+from tests.real_vllm_method import IMAGE, REQUEST, launch_line, runner_settings
 
 pytestmark = pytest.mark.timeout(300)
 # Longer than any silence of a healthy start-up before the hang (the engine core's and the worker's imports, ~15 s
