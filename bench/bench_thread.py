@@ -15,6 +15,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from kernel.tls import write_dev_certs
 from tests.k3fixtures import bot_config, runner_data, running_runner
@@ -39,15 +40,21 @@ async def thread_of(scenario: str, workdir: Path, show: bool = False) -> dict[st
         assert parent is not None, "no card was posted"
         replies = api.thread(parent["ts"])
         if show:
-            from bot.blocks import text_lines
-
-            for message in [parent, *replies]:
-                print("\n".join(text_lines(message.get("blocks", []))) or message.get("text", ""), end="\n\n")
+            for message in [parent, *replies]:  # the mrkdwn Slack got
+                print("\n".join(_mrkdwn(message.get("blocks", []))) or message.get("text", ""), end="\n\n")
             print("files: " + ", ".join(f["title"] for f in api.files), end="\n\n")
         chars = sum(len(m.get("text", "")) + len(json.dumps(m.get("blocks", []), ensure_ascii=False)) for m in replies)
         return {"replies": len(replies), "files": len(api.files), "chars": chars}
     finally:
         await api.stop()
+
+
+def _mrkdwn(blocks: list[dict[str, Any]]) -> list[str]:
+    """Each block's mrkdwn texts, as posted."""
+    texts = [block.get("text", {}) for block in blocks] + [
+        element for block in blocks for element in block.get("fields", []) + block.get("elements", [])
+    ]
+    return [t["text"] for t in texts if t.get("type") == "mrkdwn"]
 
 
 async def main(args: list[str]) -> None:

@@ -1,11 +1,12 @@
-"""What the operations answer, in the same words in Slack and in the terminal: each front-end only renders
-these lines (Slack as mrkdwn, the terminal as text through `blocks.text_lines`)."""
+"""What the operations answer, in the same words in Slack and in the terminal: each is structure (bot/rich.py)
+that each front-end renders (Slack as mrkdwn, the terminal as text)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from bot.dispatcher import RunnerState
+from bot.rich import Text, code, mentioning, text
 from bot.store import Change, RunState
 
 
@@ -19,25 +20,25 @@ class Cancelled:
     ended: RunState | None = None
 
 
-def cancelled(result: Cancelled) -> str:
+def cancelled(result: Cancelled) -> Text:
     if result.ended:
-        return f"run `{result.run_id}` already ended ({result.ended})"
-    return f"run `{result.run_id}`: {result.answer}"
+        return text("run ", code(result.run_id), f" already ended ({result.ended})")
+    return text("run ", code(result.run_id), ": ", *mentioning(result.answer))  # it echoes who cancelled
 
 
-def noted(change: Change) -> str:
-    return f"noted for {change.cluster} at {change.at}: {change.what}"
+def noted(change: Change) -> Text:
+    return text(f"noted for {change.cluster} at {change.at}: {change.what}")
 
 
-def runner_line(cluster: str, state: RunnerState, *, private: bool) -> str:
+def runner_line(cluster: str, state: RunnerState, *, private: bool) -> Text:
     """One runner: its name, backend, labels and whether it is busy for anyone; where it listens, its host
     name and why it cannot be reached (which names the address) only when `private` (the cluster's operators:
     where the GPU hosts listen is not for every channel member)."""
-    where = f" `{state.address}`" if private else ""
+    where = (" ", code(state.address)) if private else ()
     d = state.description
     if d is None:
-        return f"• {cluster}{where} unreachable" + (f": {state.error}" if private else "")
+        return text(f"• {cluster}", *where, " unreachable" + (f": {state.error}" if private else ""))
     doing = f"busy: {', '.join(d.active_run_ids)}" if d.active_run_ids else "idle"
     host = f" ({d.hostname})" if private else ""
     labels = f" labels={','.join(d.labels)}" if d.labels else ""
-    return f"• {cluster}{where} {d.name}{host} {d.backend}{labels} {doing}"
+    return text(f"• {cluster}", *where, f" {d.name}{host} {d.backend}{labels} {doing}")

@@ -1,19 +1,20 @@
-"""The one renderer of a run: Block Kit. Slack posts these blocks (the card, the live checklist, a message per
-stage and ladder step, the verdict); the terminal prints the same blocks as text (bot/render.py), the live
-stream event by event (EventBlocks). Every one is a projection of the run's record (bot/record.py). Kept within Slack's limits; whatever does not fit goes to a file.
+"""The one description of a run's messages: what each says, as structure (bot/rich.py), built once per message
+or event. Slack posts it as Block Kit (the card, the live checklist, a message per stage and ladder step, the
+verdict); the terminal prints the same structure as text (bot/render.py), the live stream event by event
+(EventBlocks). Every one is a projection of the run's record (bot/record.py). Kept within Slack's limits; whatever
+does not fit goes to a file.
 
 Limits (docs.slack.dev, and bolt-js #2509 for the undocumented aggregate): ≤ 50 blocks, section text
 ≤ 3000 characters, about 12 000 characters of blocks per message.
 
-Every text that comes from a run (an engine's lines, a runner's or a person's words, an image name) enters
-mrkdwn through `escaped`, code spans and blocks included: a `<!channel>` or `<https://…|Fix applied>` in it is
-shown, never obeyed. The terminal (`text_lines`) shows it as it was.
+Every text that comes from a run (an engine's lines, a runner's or a person's words, an image name) is a span
+of the structure, escaped only when rendered to mrkdwn (code spans and blocks included): a `<!channel>` or
+`<https://…|Fix applied>` in it is shown, never obeyed. The terminal shows it as it was.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,29 @@ from bot.record import (
     StageStarted,
     is_file,
 )
+from bot.rich import (
+    Block,
+    Context,
+    Field,
+    Fields,
+    Item,
+    Part,
+    Section,
+    SlackOnly,
+    Text,
+    bold,
+    clip,
+    code,
+    escaped,
+    fence,
+    joined,
+    lines,
+    mention,
+    mentioning,
+    mrkdwn,
+    mrkdwn_blocks,
+    text,
+)
 from bot.store import RunState
 from protos import runner_pb2 as pb
 from protos.vocab import CHECKLIST_IDS, ChecklistState, Decision, LadderOutcome, RunStatus, StageStatus
@@ -40,11 +64,6 @@ EVIDENCE_CHARS = 240
 CONTEXT_LINES = 6
 STACK_LINES = 12  # processes listed under a hang's headline (an 8-GPU engine has about a dozen)
 
-Block = dict[str, Any]
-_FENCE = re.compile(r"```(.*?)```", re.DOTALL)
-_BOLD = re.compile(r"(?<![\w*])\*([^*\n]+)\*(?![\w*])")
-_LINK = re.compile(r"<(?:[@#!])?([^<>|]+)(?:\|([^<>]+))?>")
-_MENTION = re.compile(r"&lt;@([UW][A-Z0-9-]{1,20})&gt;")
 ACTION_RERUN = "k3repro_rerun_isolated"
 ACTION_CANCEL = "k3repro_cancel"
 ACTION_MINIMIZE = "k3repro_minimize"
@@ -74,70 +93,12 @@ class Message:
         return {"text": self.text, "blocks": self.blocks}
 
 
-def escaped(text: str) -> str:
-    """Text as Slack's mrkdwn shows it literally: `&`, `<`, `>` as the entities Slack's formatting rules ask
-    for, so no mention, link or date can be made of it."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+def section(*parts: Part, block_id: str = "", limit: int = 0) -> Section:
+    return Section(text(*parts), block_id, limit)
 
 
-def escaped_but_mentions(text: str) -> str:
-    """`escaped`, but a user mention (`<@U…>`) stays one: the bot writes them into what a run says (who
-    cancelled it, in the reason the runner echoes). A mention can only name one person: it cannot notify a
-    channel or disguise a link."""
-    return _MENTION.sub(r"<@\1>", escaped(text))
-
-
-def _unescaped(text: str) -> str:
-    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
-
-
-def section(text: str, block_id: str | None = None) -> Block:
-    block: Block = {"type": "section", "text": {"type": "mrkdwn", "text": text}}
-    if block_id:
-        block["block_id"] = block_id
-    return block
-
-
-def context(text: str) -> Block:
-    return {"type": "context", "elements": [{"type": "mrkdwn", "text": text}]}
-
-
-def code(lines: list[str]) -> str:
-    return "```" + "\n".join(escaped(line).replace("```", "'''") for line in lines) + "```"
-
-
-def clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def text_lines(blocks: list[Block]) -> list[str]:
-    """Blocks as plain text: mrkdwn marks dropped, code as `| ` lines, fields on one line; buttons left out."""
-    lines: list[str] = []
-    for block in blocks:
-        if block["type"] == "section" and "fields" in block:
-            lines.append(" · ".join(unmarked(f["text"]).replace("\n", ": ", 1) for f in block["fields"]))
-        if block["type"] == "section" and "text" in block:
-            lines += _mrkdwn_lines(block["text"]["text"])
-        elif block["type"] == "context":
-            lines += _mrkdwn_lines(" ".join(e["text"] for e in block["elements"] if "text" in e))
-    return lines
-
-
-def _mrkdwn_lines(text: str) -> list[str]:
-    lines: list[str] = []
-    position = 0
-    for fence in _FENCE.finditer(text):
-        lines += unmarked(text[position : fence.start()]).splitlines()
-        lines += [f"| {_unescaped(line)}" for line in fence.group(1).split("\n")]
-        position = fence.end()
-    lines += unmarked(text[position:]).splitlines()
-    return [line for line in lines if line.strip()]
-
-
-def unmarked(text: str) -> str:
-    """mrkdwn as the terminal prints it: links as their text, no bold or code marks, escaped text as it was."""
-    text = _LINK.sub(lambda m: m.group(2) or ("@" + m.group(1) if m.group(0)[1] == "@" else m.group(1)), text)
-    return _unescaped(_BOLD.sub(r"\1", text).replace("`", ""))
+def context(*parts: Part, limit: int = 0) -> Context:
+    return Context(text(*parts), limit)
 
 
 SHORTENED = {
@@ -146,13 +107,13 @@ SHORTENED = {
 }
 
 
-def fit(text: str, blocks: list[Block]) -> Message:
-    """Shortens what is too long for Slack; the message then says so and carries its full text for a file (the
-    blocks' text is rendered only then: most messages fit as they are)."""
+def fit(fallback: str, items: list[Item]) -> Message:
+    """The message as Block Kit, shortened where it is too long for Slack; the message then says so and carries
+    its full text (as the terminal reads it) for a file."""
+    blocks = mrkdwn_blocks(items)
     long = any(isinstance(block.get("text"), dict) and len(block["text"]["text"]) > MAX_SECTION for block in blocks)
     if not long and _fits(blocks, MAX_BLOCKS, MAX_MESSAGE):
-        return Message(clip(text, 3000), blocks, "")
-    full = "\n".join(text_lines(blocks))
+        return Message(clip(fallback, 3000), blocks, "")
     clipped = False
     for block in blocks:
         body = block.get("text")
@@ -165,7 +126,7 @@ def fit(text: str, blocks: list[Block]) -> Message:
             blocks.pop(-2 if blocks[-1]["type"] == "actions" else -1)
         blocks.append(SHORTENED)
         clipped = True
-    return Message(clip(text, 3000), blocks, full if clipped else "")
+    return Message(clip(fallback, 3000), blocks, "\n".join(lines(items)) if clipped else "")
 
 
 def _fits(blocks: list[Block], most_blocks: int, most_chars: int) -> bool:
@@ -176,32 +137,35 @@ def metadata(view: RunRecord) -> dict[str, Any]:
     return {"event_type": METADATA_EVENT, "event_payload": {"run_id": view.run_id, "cluster": view.cluster}}
 
 
+def _where(view: RunRecord) -> Text:
+    """Where a run is: its stage and phase, or (between stages) its status."""
+    if not view.stage:
+        return text(f"run {view.status}")
+    return text("stage ", code(view.stage), *((" · phase ", code(view.phase)) if view.phase else ()))
+
+
 def card(view: RunRecord) -> Message:
     """The parent message in the channel: what runs where, and its state."""
     mark = RUN_MARK.get(view.status, "•")
-    kind, of = ("minimize run", f" of `{escaped(view.minimize_of)}`") if view.minimize_of else ("run", "")
-    doing = escaped(f"stage `{view.stage}`" + (f" · phase `{view.phase}`" if view.phase else "")) if view.stage else ""
-    state = escaped(view.status + (f" — {view.decision}" if view.decision else ""))
-    runner = escaped(view.host + (f" ({view.runner})" if view.host else "") if view.host else view.runner)
+    kind, of = ("minimize run", (" of ", code(view.minimize_of))) if view.minimize_of else ("run", ())
+    doing = _where(view) if view.stage else text()
+    state = view.status + (f" — {view.decision}" if view.decision else "")
+    runner = view.host + (f" ({view.runner})" if view.host else "") if view.host else view.runner
     digest = (
-        f"`{escaped(view.digest)}`" if view.digest else "none: known by tag only" if view.final else "not known yet"
+        text(code(view.digest)) if view.digest else text("none: known by tag only" if view.final else "not known yet")
     )
     fields = [
-        ("Cluster", escaped(view.cluster)),
-        ("Runner", runner),
-        ("Image", f"`{escaped(view.image)}`"),
-        ("Digest", digest),
-        ("Status", f"{mark} {state}"),
-        ("Started by", f"<@{escaped(view.requested_by)}>" if view.requested_by else "-"),
+        Field("Cluster", text(view.cluster), 1900),
+        Field("Runner", text(runner), 1900),
+        Field("Image", text(code(view.image)), 1900),
+        Field("Digest", digest, 1900),
+        Field("Status", text(f"{mark} {state}"), 1900),
+        Field("Started by", text(mention(view.requested_by) if view.requested_by else "-"), 1900),
     ]
-    blocks: list[Block] = [
-        section(f"*k3repro {kind}* `{escaped(view.run_id)}`{of} on *{escaped(view.cluster)}*", "title"),
-        {
-            "type": "section",
-            "block_id": "facts",
-            "fields": [{"type": "mrkdwn", "text": f"*{name}*\n{clip(value, 1900)}"} for name, value in fields],
-        },
-        context(clip(_verdict_line(view) or doing or escaped(view.problem) or "details in the thread", 2000)),
+    items: list[Item] = [
+        section(bold(f"k3repro {kind}"), " ", code(view.run_id), *of, " on ", bold(view.cluster), block_id="title"),
+        Fields(tuple(fields), "facts"),
+        Context(_verdict_line(view) or doing or text(view.problem) or text("details in the thread"), 2000),
     ]
     buttons: list[Block] = [
         {"type": "button", "action_id": ACTION_RERUN, "text": _plain("Rerun on isolated node"), "value": view.run_id}
@@ -226,18 +190,18 @@ def card(view: RunRecord) -> Message:
                 },
             }
         )
-    blocks.append({"type": "actions", "block_id": "run_actions", "elements": buttons})
-    return fit(f"{mark} k3repro {kind} {escaped(view.run_id)} on {escaped(view.cluster)}: {state}", blocks)
+    items.append(SlackOnly({"type": "actions", "block_id": "run_actions", "elements": buttons}))
+    return fit(f"{mark} k3repro {kind} {escaped(view.run_id)} on {escaped(view.cluster)}: {escaped(state)}", items)
 
 
-def _verdict_line(view: RunRecord) -> str:
+def _verdict_line(view: RunRecord) -> Text:
     """The verdict's one line, first thing in the card once the run has one."""
     finished = view.finished
     if finished is None or not finished.headline:
-        return ""
+        return text()
     decision = finished.decision
     mark = DECISION_MARK[decision] if decision else "•"
-    return f"{mark} *{escaped(decision or '')}* — {escaped(finished.headline)}"
+    return text(f"{mark} ", bold(decision or ""), " — ", finished.headline)
 
 
 MAX_CONFIRM_TEXT = 300  # Slack's limit on a confirmation dialog's text
@@ -267,43 +231,44 @@ def confirm_launches(card: Message, cluster: str, command: str) -> Message:
 def checklist(view: RunRecord) -> Message:
     """The live checklist: the same blocks from first to last state (a heading, one per item, a footer), so
     every chat.update keeps the layout."""
-    where = escaped(
-        f"stage `{view.stage}`" + (f" · phase `{view.phase}`" if view.phase else "")
-        if view.stage
-        else f"run {view.status}"
-    )
-    run = f"run `{escaped(view.run_id)}` · updated as the run goes"
+    where = _where(view)
+    run = context("run ", code(view.run_id), " · updated as the run goes")
     if view.minimize_of:  # it settles none of the method's items: they are the original run's
-        text = f"*Checklist* · a minimize run settles none: see run `{escaped(view.minimize_of)}` · {where}"
-        return fit(text, [section(text, "now"), context(run)])
+        now = text(bold("Checklist"), " · a minimize run settles none: see run ", code(view.minimize_of), " · ", *where)
+        return fit(mrkdwn(now), [Section(now, "now"), run])
     held = sum(1 for check in view.checklist.values() if check.holds)
     moot = sum(1 for check in view.checklist.values() if check.state == ChecklistState.NOT_APPLICABLE)
     counted = f"{held}/{len(CHECKLIST_IDS) - moot} hold" + (f" ({moot} not applicable)" if moot else "")
-    blocks = [section(f"*Checklist* · {counted} · {where}", "now")]
+    items: list[Item] = [section(bold("Checklist"), f" · {counted} · ", *where, block_id="now")]
     for item in CHECKLIST_IDS:
         check = view.checklist.get(item) or Check(item, ChecklistState.PENDING, "")
-        blocks.append(section(checklist_line(check, EVIDENCE_CHARS), item))
-    blocks.append(context(run))
-    return fit(f"Checklist: {counted} · {where}", blocks)
+        items.append(Section(checklist_line(check, EVIDENCE_CHARS), item))
+    items.append(run)
+    return fit(f"Checklist: {counted} · {mrkdwn(where)}", items)
 
 
 def stage_result(view: RunRecord, finished: StageResult) -> Message:
     """One message per finished stage; a failure shows the first error, its context, the hint and the OOM call."""
+    mark, stage = _stage_mark(finished), finished.stage or "run"
+    return fit(escaped(f"{mark} {stage}: {clip(finished.summary, 300)}"), stage_said(view, finished))
+
+
+def stage_said(view: RunRecord, finished: StageResult) -> list[Item]:
+    """What a finished stage's message says (`stage_result`: as Slack gets it)."""
     stage = finished.stage or "run"
-    blocks = [stage_head(finished)]
-    blocks += [section(artifact_note(a)) for a in view.notes.get(stage, [])]
+    items: list[Item] = [stage_head(finished)]
+    items += [Section(artifact_note(a)) for a in view.notes.get(stage, [])]
     proxied = [proxy_label(s.source, s.proxies) for s in view.launches if s.stage == stage and s.proxy]
     if proxied:
-        blocks.append(context(clip("proxy launches: " + " · ".join(proxied), 2900)))
+        items.append(context("proxy launches: ", *joined(proxied, " · "), limit=2900))
     if stage == "ladder" and view.ladder:
-        blocks.append(ladder_summary(view.ladder))
+        items.append(ladder_summary(view.ladder))
     error = view.first_errors.get(stage)
     if error is not None and finished.status == StageStatus.FAILED:
-        blocks += first_error_blocks(error)
+        items += first_error_blocks(error)
     if stage == "single_request" and view.requests:
-        blocks.append(section(code([line for r in view.requests for line in request_lines(r)])))
-    mark = _stage_mark(finished)
-    return fit(escaped(f"{mark} {stage}: {clip(finished.summary, 300)}"), blocks)
+        items.append(section(fence(line for r in view.requests for line in request_lines(r))))
+    return items
 
 
 def _stage_mark(finished: StageResult) -> str:
@@ -314,92 +279,87 @@ def _stage_mark(finished: StageResult) -> str:
     return STAGE_MARK[finished.status] if finished.status else "•"
 
 
-def stage_head(finished: StageResult) -> Block:
+def stage_head(finished: StageResult) -> Section:
     stage = finished.stage or "run"
-    summary = escaped(clip(finished.summary, 2800))
-    return section(f"{_stage_mark(finished)} *{escaped(stage)}* — {summary}", "result")
+    summary = clip(finished.summary, 2800)
+    return section(f"{_stage_mark(finished)} ", bold(stage), " — ", summary, block_id="result")
 
 
-def first_error_blocks(error: FirstError) -> list[Block]:
+def first_error_blocks(error: FirstError) -> list[Item]:
     """Where the first error happened and what it is, its context, the hint, and whether an OOM is secondary."""
     oom = "yes — an OOM was seen, but it is not the cause" if error.secondary_oom else "no"
-    blocks: list[Block] = [
-        section("🔥 *First error*\n" + code([error.line])),
-        {
-            "type": "section",
-            "block_id": "first_error",
-            "fields": [
-                {"type": "mrkdwn", "text": f"*Phase*\n{escaped(error.phase)}"},
-                {"type": "mrkdwn", "text": f"*Category*\n{escaped(error.category)}"},
-                {"type": "mrkdwn", "text": f"*Secondary OOM*\n{oom}"},
-            ],
-        },
+    phase, category = Field("Phase", text(error.phase)), Field("Category", text(error.category))
+    items: list[Item] = [
+        section("🔥 ", bold("First error"), "\n", fence([error.line])),
+        Fields((phase, category, Field("Secondary OOM", text(oom))), "first_error"),
     ]
     if error.context:
-        blocks.append(section("*Context*\n" + code(list(error.context[:CONTEXT_LINES]))))
+        items.append(section(bold("Context"), "\n", fence(error.context[:CONTEXT_LINES])))
     if error.stacks:  # a hang: where each process waited, from the stacks dumped before the stop
-        blocks.append(section(clip(f"*Where it waits:* {escaped(error.stacks[0])}", MAX_SECTION)))
+        items.append(section(bold("Where it waits:"), " ", error.stacks[0], limit=MAX_SECTION))
         if len(error.stacks) > 1:
             listed = [clip(line, 200) for line in error.stacks[1 : 1 + STACK_LINES]]
-            blocks.append(section("*Stacks (py-spy)*\n" + code(listed)))
+            items.append(section(bold("Stacks (py-spy)"), "\n", fence(listed)))
     if error.hint:
-        blocks.append(section(f"*Hint:* {escaped(error.hint)}"))
-    return blocks
+        items.append(section(bold("Hint:"), " ", error.hint))
+    return items
 
 
-def update_note(error: FirstError) -> str:
+def update_note(error: FirstError) -> Text:
     """What an update to the first error above changes (the wire's `update`; today only a later OOM)."""
     if error.secondary_oom:
-        return f"the first error in `{error.phase}` above stands: an out-of-memory error followed it, not its cause"
-    return f"the first error in `{error.phase}` above, restated by the analyzer"
+        return text(
+            "the first error in ", code(error.phase), " above stands: an out-of-memory error followed it, not its cause"
+        )
+    return text("the first error in ", code(error.phase), " above, restated by the analyzer")
 
 
-def checklist_line(check: Check, evidence_chars: int | None = None) -> str:
+def checklist_line(check: Check, evidence_chars: int | None = None) -> Text:
     evidence = clip(check.evidence, evidence_chars) if evidence_chars else check.evidence
     mark = CHECK_MARK.get(check.state, PENDING_MARK)  # unset: pending
-    return f"{mark} *{escaped(check.item)}*" + (f" — {escaped(evidence)}" if evidence else "")
+    return text(f"{mark} ", bold(check.item), *((" — ", evidence) if evidence else ()))
 
 
-def proxy_note(source: str, proxies: Iterable[tuple[str, str]], line: str) -> str:
+def proxy_note(source: str, proxies: Iterable[tuple[str, str]], line: str) -> Text:
     """How the terminal labels a proxy launch as it starts; `proxies`: (id, what it removes)."""
     used = list(proxies)
     ids, removes = " + ".join(p for p, _ in used), "; no ".join(r for _, r in used)
-    return f"proxy launch: `{escaped(clip(f'{source}: {ids} (no {removes}) — {line}', 2800))}`"
+    return text("proxy launch: ", code(clip(f"{source}: {ids} (no {removes}) — {line}", 2800)))
 
 
-def proxy_label(source: str, proxies: Iterable[tuple[str, str]]) -> str:
+def proxy_label(source: str, proxies: Iterable[tuple[str, str]]) -> Text:
     """A proxy launch in a stage's message: where and which proxies, not the whole command again."""
-    return f"`{escaped(source)}` ({escaped(' + '.join(p for p, _ in proxies))})"
+    return text(code(source), " (", " + ".join(p for p, _ in proxies), ")")
 
 
-def ladder_summary(steps: Iterable[LadderStep]) -> Block:
+def ladder_summary(steps: Iterable[LadderStep]) -> Section:
     """The ladder in one block: a line per step that ran, the steps that did not apply named together; a
     failure's error line is the stage's first error, shown once below."""
-    lines, moot = [], []
+    shown: list[Text] = []
+    moot = []
     for step in steps:
+        title = step.wire.title or step.step
         if step.outcome == LadderOutcome.NOT_APPLICABLE and step.wire.as_written:  # not needed, and why
-            lines.append(f"➖ *{escaped(step.wire.title or step.step)}*: {escaped(step.detail)}")
+            shown.append(text("➖ ", bold(title), ": ", step.detail))
             continue
         if step.outcome == LadderOutcome.NOT_APPLICABLE:
-            moot.append(step.wire.title or step.step)
+            moot.append(title)
             continue
-        added = f" — adds `{escaped(clip(' '.join(step.wire.added), 300))}`" if step.wire.added else ""
+        added = (" — adds ", code(clip(" ".join(step.wire.added), 300))) if step.wire.added else ()
         how = "relaunched" if step.relaunched else "same server"
-        failed = f" in `{escaped(step.phase)}` [{escaped(step.category)}]" if step.signature else ""
-        lines.append(
-            f"🪜 *{escaped(step.wire.title or step.step)}*: `{escaped(step.outcome or '')}`{failed} ({how}){added}"
-        )
+        failed = (" in ", code(step.phase), f" [{step.category}]") if step.signature else ()
+        shown.append(text("🪜 ", bold(title), ": ", code(step.outcome or ""), *failed, f" ({how})", *added))
     if moot:
-        lines.append(f"➖ not applicable (the deployment sets none of their flags): {escaped(', '.join(moot))}")
-    return section(clip("\n".join(lines), MAX_SECTION), "ladder_steps")
+        shown.append(text(f"➖ not applicable (the deployment sets none of their flags): {', '.join(moot)}"))
+    return Section(joined(shown), "ladder_steps", MAX_SECTION)
 
 
-def artifact_note(artifact: pb.Artifact) -> str:
+def artifact_note(artifact: pb.Artifact) -> Text:
     """A one-line artifact as it reads in a message; anything bigger is named (it goes to a file)."""
     if is_file(artifact):
         size = len(artifact.content)
-        return f"recorded {escaped(artifact.name)} ({size} bytes; `k3repro show RUN --json` prints it)"
-    return f"{escaped(artifact.name.replace('_', ' '))}: `{escaped(clip(artifact.content, 2800))}`"
+        return text(f"recorded {artifact.name} ({size} bytes; ", code("k3repro show RUN --json"), " prints it)")
+    return text(f"{artifact.name.replace('_', ' ')}: ", code(clip(artifact.content, 2800)))
 
 
 def request_lines(r: pb.RequestResult) -> list[str]:
@@ -416,10 +376,8 @@ def request_lines(r: pb.RequestResult) -> list[str]:
     return [line + (f" — {r.error}" if r.error else ""), *(f"  warning: {w}" for w in r.warnings)]
 
 
-def ladder_block(step: LadderStep) -> Block:
-    return section(
-        f"🪜 *ladder · {escaped(step.step)}*: `{escaped(step.outcome or '')}` {escaped(step.detail)}".rstrip()
-    )
+def ladder_block(step: LadderStep) -> Section:
+    return section("🪜 ", bold(f"ladder · {step.step}"), ": ", code(step.outcome or ""), f" {step.detail}".rstrip())
 
 
 def verdict(view: RunRecord, finished: Finished) -> Message:
@@ -431,55 +389,59 @@ def verdict(view: RunRecord, finished: Finished) -> Message:
     )
 
 
-def verdict_blocks(run_id: str, cluster: str, finished: Finished, minimal: str = "") -> list[Block]:
+def verdict_blocks(run_id: str, cluster: str, finished: Finished, minimal: str = "") -> list[Item]:
     """The run's last message; a minimize run's (`minimal`: its result) ends with the command that fails."""
     status, decision = finished.status, finished.decision
-    title = f"*Verdict: {escaped(decision)}*" if decision else f"*Run {escaped(status or '')}*"
+    title = bold(f"Verdict: {decision}") if decision else bold(f"Run {status or ''}")
     if minimal and not decision and status == RunStatus.COMPLETED:
-        title = "*Minimize result*"
+        title = bold("Minimize result")
     mark = DECISION_MARK[decision] if decision else RUN_MARK[RunState(status)] if status else "•"
-    where = f" on *{escaped(cluster)}*" if cluster else ""
-    blocks = [section(f"{mark} {title} · run `{escaped(run_id)}`{where}", "verdict")]
+    where = (" on ", bold(cluster)) if cluster else ()
+    items: list[Item] = [section(f"{mark} ", title, " · run ", code(run_id), *where, block_id="verdict")]
     if finished.headline:
-        blocks.append(section(f"*{escaped(finished.headline)}*", "verdict_line"))
+        items.append(section(bold(finished.headline), block_id="verdict_line"))
     if minimal and finished.summary == "every stage succeeded":  # the result below says what it found
-        return blocks + minimal_blocks(minimal)
+        return items + minimal_blocks(minimal)
     if finished.summary and not finished.headline:  # the verdict line says what the summary would
-        blocks.append(section(escaped_but_mentions(finished.summary)))
+        items.append(Section(mentioning(finished.summary)))
     reasons = [reason for reason in finished.reasons if reason != finished.summary]
     if reasons:
-        blocks.append(section("\n".join(f"• {escaped_but_mentions(reason)}" for reason in reasons)))
-    return blocks + (minimal_blocks(minimal) if minimal else [])
+        items.append(Section(joined([text("• ", *mentioning(reason)) for reason in reasons])))
+    return items + (minimal_blocks(minimal) if minimal else [])
 
 
-def minimal_blocks(content: str) -> list[Block]:
+def minimal_blocks(content: str) -> list[Item]:
     """A minimize run's result: the one line that fails, what was shown irrelevant, what the search cost."""
     result = json.loads(content)
     flags, irrelevant, failure = result["flags"], result["irrelevant"], result["failure"]
-    lines = [
-        f"*1-minimal failing command* ({len(flags)} of {len(flags) + len(irrelevant)} flags beyond the essentials; "
-        f"fails in `{escaped(failure['phase'])}` ({escaped(failure['category'])}) with the same first error)",
-        code([result["command"]]),
+    shown = [
+        text(
+            bold("1-minimal failing command"),
+            f" ({len(flags)} of {len(flags) + len(irrelevant)} flags beyond the essentials; fails in ",
+            code(failure["phase"]),
+            f" ({failure['category']}) with the same first error)",
+        ),
+        text(fence([result["command"]])),
     ]
     if irrelevant:
-        lines.append("irrelevant to the failure: " + " ".join(f"`{escaped(flag)}`" for flag in irrelevant))
+        shown.append(text("irrelevant to the failure: ", *joined([text(code(flag)) for flag in irrelevant], " ")))
     if result["unresolved_removals"]:
-        lines.append(
-            "taking these away was unresolved (vLLM refused, or another failure): "
-            + " ".join(f"`{escaped(flag)}`" for flag in result["unresolved_removals"])
-        )
+        unresolved = joined([text(code(flag)) for flag in result["unresolved_removals"]], " ")
+        shown.append(text("taking these away was unresolved (vLLM refused, or another failure): ", *unresolved))
     caveats = [] if result["confirmed_on_real"] else ["NOT confirmed on the real configuration"]
     caveats += [] if result["one_minimal"] else ["the search stopped at its test limit: not proven 1-minimal"]
-    lines.append(
-        f"{len(result['tests'])} flag sets tested, {result['launches']} launches, confidence {result['confidence']:.2f}"
-        + "".join(f" · {caveat}" for caveat in caveats)
+    shown.append(
+        text(
+            f"{len(result['tests'])} flag sets tested, {result['launches']} launches, confidence "
+            f"{result['confidence']:.2f}" + "".join(f" · {caveat}" for caveat in caveats)
+        )
     )
-    return [section(clip("\n".join(lines), MAX_SECTION), "minimal")]
+    return [Section(joined(shown), "minimal", MAX_SECTION)]
 
 
 def problem(view: RunRecord) -> Message:
-    text = f"⚠️ *Run {escaped(view.status)}* — {escaped(clip(view.problem, 2800))}"
-    return fit(escaped(f"run {view.run_id}: {view.status}"), [section(text)])
+    body = section("⚠️ ", bold(f"Run {view.status}"), " — ", clip(view.problem, 2800))
+    return fit(escaped(f"run {view.run_id}: {view.status}"), [body])
 
 
 def _plain(text: str) -> dict[str, Any]:
@@ -495,33 +457,33 @@ class EventBlocks:
         self.logs = logs
         self.record = RunRecord("")
 
-    def of(self, event: pb.RunEvent) -> list[Block]:
+    def of(self, event: pb.RunEvent) -> list[Item]:
         """The blocks of one event; [] for what a reader does not need (heartbeats, engine logs by default)."""
         fact = self.record.apply(event)
         if isinstance(fact, StageStarted):
-            return [context(f"▶ *{escaped(fact.stage)}*" + (f" — {escaped(fact.detail)}" if fact.detail else ""))]
+            return [context("▶ ", bold(fact.stage), *((" — ", fact.detail) if fact.detail else ()))]
         if isinstance(fact, StageResult):
             return [stage_head(fact)]
         if isinstance(fact, PhaseReached):
-            return [context(f"phase `{escaped(fact.phase)}`")]
+            return [context("phase ", code(fact.phase))]
         if isinstance(fact, FirstError) and fact.update:
-            return [context(escaped(update_note(fact)))]
+            return [Context(update_note(fact))]
         if isinstance(fact, FirstError) and fact.repeat:
-            return [context(escaped(f"the same first error again in `{fact.phase}` (shown above)"))]
+            return [context("the same first error again in ", code(fact.phase), " (shown above)")]
         if isinstance(fact, FirstError):
             return first_error_blocks(fact)
         if isinstance(fact, Check):
-            return [section(checklist_line(fact))]
+            return [Section(checklist_line(fact))]
         if isinstance(fact, LadderStep):
             return [ladder_block(fact)]
         if isinstance(fact, pb.RequestResult):
-            return [context(escaped(line)) for line in request_lines(fact)]
+            return [context(line) for line in request_lines(fact)]
         if isinstance(fact, pb.Artifact):
-            return [context(artifact_note(fact))]
+            return [Context(artifact_note(fact))]
         if isinstance(fact, pb.LaunchStarted) and fact.proxies:
-            return [context(proxy_note(fact.source, ((p.id, p.removes) for p in fact.proxies), fact.line))]
+            return [Context(proxy_note(fact.source, ((p.id, p.removes) for p in fact.proxies), fact.line))]
         if isinstance(fact, pb.LogChunk) and self.logs:
-            return [section(f"log `{escaped(fact.source)}`\n" + code(list(fact.lines)))]
+            return [section("log ", code(fact.source), "\n", fence(fact.lines))]
         if isinstance(fact, Finished):
             return verdict_blocks(event.run_id, "", fact, self.record.artifacts.get(MINIMAL, ""))
         return []

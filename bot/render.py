@@ -1,4 +1,5 @@
-"""The terminal's view of a run: the same Block Kit blocks Slack gets (bot/blocks.py), printed as text.
+"""The terminal's view of a run: what each event says (bot/blocks.py), the structure Slack gets as Block Kit,
+printed as text (bot/rich.py).
 
 What reaches the terminal passes `terminal()`: redacted (the one path, kernel/redact.py) and stripped of
 control sequences, so neither a secret nor a crafted escape in an engine's log or an imported bundle
@@ -7,17 +8,16 @@ reaches the screen.
 
 from __future__ import annotations
 
-import re
 from datetime import UTC
 
-from bot.blocks import EventBlocks, text_lines
+from bot import rich
+from bot.blocks import EventBlocks
 from bot.store import Run
 from kernel.redact import printable, redactor
 from protos import runner_pb2 as pb
 
 INDENT = " " * 11
 PLACEHOLDER = "k3repro show RUN "  # what the blocks say of a long artifact; the terminal knows the run's id
-_MENTION = re.compile(r"<@([UW][A-Z0-9-]{1,20})>")  # the user ids bot/blocks.py keeps as mentions
 
 
 class TextRenderer:
@@ -27,7 +27,7 @@ class TextRenderer:
         self._blocks = EventBlocks(logs=logs)
 
     def lines(self, event: pb.RunEvent) -> list[str]:
-        body = text_lines(self._blocks.of(event))
+        body = rich.lines(self._blocks.of(event))
         if not body:
             return []
         stamp = event.at.ToDatetime(tzinfo=UTC).strftime("%H:%M:%S")
@@ -45,7 +45,7 @@ def run_header(run: Run) -> str:
 def unmentioned(text: str) -> str:
     """A run's stored text as the terminal shows it: a Slack user mention the bot wrote (who cancelled, in a
     verdict's reason) as `@U1`, not `<@U1>` markup."""
-    return _MENTION.sub(r"@\1", text)
+    return rich.plain(rich.mentioning(text))
 
 
 def terminal(text: str) -> str:

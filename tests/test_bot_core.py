@@ -14,6 +14,7 @@ from bot.answers import cancelled
 from bot.cli import main as cli
 from bot.coordinator import Coordinator
 from bot.refusal import Refused
+from bot.rich import mrkdwn
 from bot.store import AsyncStore, Store
 from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
@@ -241,7 +242,10 @@ async def test_second_start_points_to_the_active_run(certs: DevCerts, tmp_path: 
         assert result.run_id == started.run_id and "cancelled" in result.answer and not result.ended
         finished = await following
         again = await core.cancel(started.run_id, "U1")  # ended: the runner is not asked, nothing is audited
-        assert (again.ended, cancelled(again)) == ("cancelled", f"run `{started.run_id}` already ended (cancelled)")
+        assert (again.ended, mrkdwn(cancelled(again))) == (
+            "cancelled",
+            f"run `{started.run_id}` already ended (cancelled)",
+        )
         store.close()
     assert finished.status == pb.RUN_STATUS_CANCELLED
     run = Store(config.store).get_run(started.run_id)

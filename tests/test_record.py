@@ -113,13 +113,14 @@ def test_a_run_without_a_first_error_failed_where_its_first_stage_failed() -> No
 
 def test_the_live_stream_says_what_an_update_changes_instead_of_a_second_first_error() -> None:
     from bot.blocks import EventBlocks
+    from bot.rich import mrkdwn_blocks
 
     updated = pb.FirstError()
     updated.CopyFrom(NCCL)
     updated.secondary_oom, updated.update = True, True
     stream = EventBlocks()
     shown = [
-        stream.of(event)
+        mrkdwn_blocks(stream.of(event))
         for event in _events(
             {"stage_started": pb.StageStarted(stage=pb.STAGE_MINIMAL_LAUNCH)},
             {"first_error": NCCL},

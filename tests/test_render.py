@@ -1,10 +1,9 @@
-"""The terminal prints the blocks Slack gets (one Block Kit renderer): Block Kit as text, and a run's events
-as the blocks of its live stream."""
+"""The terminal prints what Slack gets (bot/rich.py: one structure, rendered as mrkdwn or as text), and a
+run's events as its live stream."""
 
 from __future__ import annotations
 
-from bot import blocks
-from bot.blocks import text_lines
+from bot import blocks, rich
 from bot.record import RunRecord, StageResult, fact_of
 from bot.render import TextRenderer
 from protos import runner_pb2 as pb
@@ -19,23 +18,38 @@ ERROR = pb.FirstError(
 )
 
 
-def test_block_kit_reads_as_text() -> None:
-    text = text_lines(
-        [
-            blocks.section("*bold* and `code` for <@U123> at <https://example.com/x|the docs>\n```a\nb```"),
-            {
-                "type": "section",
-                "fields": [{"type": "mrkdwn", "text": "*Phase*\ngpu_detect"}, {"type": "mrkdwn", "text": "*OOM*\nno"}],
-            },
-            blocks.context("ctx <#C1|incidents>"),
-            {"type": "actions", "elements": [{"type": "button", "text": {"type": "plain_text", "text": "Cancel"}}]},
-        ]
-    )
-    assert text == ["bold and code for @U123 at the docs", "| a", "| b", "Phase: gpu_detect · OOM: no", "ctx incidents"]
+def test_one_structure_reads_as_mrkdwn_in_slack_and_as_text_in_the_terminal() -> None:
+    said: list[rich.Item] = [
+        blocks.section(
+            rich.bold("bold"), " and ", rich.code("code"), " for ", rich.mention("U123"), "\n", rich.fence(["a", "b"])
+        ),
+        rich.Fields((rich.Field("Phase", rich.text("gpu_detect")), rich.Field("OOM", rich.text("no")))),
+        blocks.context("ctx <#C1|incidents> & *not bold*"),
+        rich.SlackOnly(
+            {"type": "actions", "elements": [{"type": "button", "text": {"type": "plain_text", "text": "Cancel"}}]}
+        ),
+    ]
+    assert rich.lines(said) == [
+        "bold and code for @U123",
+        "| a",
+        "| b",
+        "Phase: gpu_detect · OOM: no",
+        "ctx <#C1|incidents> & *not bold*",
+    ]
+    slack = rich.mrkdwn_blocks(said)
+    assert slack[0]["text"]["text"] == "*bold* and `code` for <@U123>\n```a\nb```"
+    assert slack[1]["fields"] == [
+        {"type": "mrkdwn", "text": "*Phase*\ngpu_detect"},
+        {"type": "mrkdwn", "text": "*OOM*\nno"},
+    ]
+    assert slack[2]["elements"][0]["text"] == "ctx &lt;#C1|incidents&gt; &amp; *not bold*"
+    assert slack[3]["type"] == "actions"
 
 
 def test_a_product_like_2x4_keeps_its_star() -> None:
-    assert text_lines([blocks.section("weights 2*4 GiB, *not* bold: a*b")]) == ["weights 2*4 GiB, not bold: a*b"]
+    assert rich.lines([blocks.section("weights 2*4 GiB, ", rich.bold("not"), " bold: a*b")]) == [
+        "weights 2*4 GiB, not bold: a*b"
+    ]
 
 
 def test_the_terminal_shows_the_stage_message_slack_posts() -> None:
@@ -44,7 +58,7 @@ def test_the_terminal_shows_the_stage_message_slack_posts() -> None:
     finished = pb.StageFinished(
         stage=pb.STAGE_MINIMAL_LAUNCH, status=pb.STAGE_STATUS_FAILED, summary="failed in gpu_detect (nccl_comm)"
     )
-    slack = text_lines(blocks.stage_result(view, _result(finished)).blocks)
+    slack = rich.lines(blocks.stage_said(view, _result(finished)))
     renderer = TextRenderer()
     printed = renderer.lines(pb.RunEvent(first_error=ERROR)) + renderer.lines(pb.RunEvent(stage_finished=finished))
     body = [line.split("] ", 1)[1] if line.startswith("[") else line.strip() for line in printed]
@@ -79,7 +93,7 @@ def test_a_request_line_is_the_same_in_slack_and_in_the_terminal() -> None:
     view = RunRecord("r1", "cluster-a", "gpu-a1", "img", "U1", stage="single_request")
     view.apply(pb.RunEvent(request_result=result))
     finished = pb.StageFinished(stage=pb.STAGE_SINGLE_REQUEST, status=pb.STAGE_STATUS_OK, summary="3/3 answered")
-    slack = text_lines(blocks.stage_result(view, _result(finished)).blocks)
+    slack = rich.lines(blocks.stage_said(view, _result(finished)))
     printed = [line.split("] ", 1)[-1].strip() for line in TextRenderer().lines(pb.RunEvent(request_result=result))]
     expected = (
         "request #1: HTTP 200 · finish stop · 12 prompt → 48 completion tokens (max_tokens 64) · 0.50 s · "
@@ -105,7 +119,7 @@ def test_a_proxy_launch_is_labelled_in_its_stage_message_and_in_the_terminal() -
     for event in events:
         view.apply(event)
     finished = pb.StageFinished(stage=pb.STAGE_LADDER, status=pb.STAGE_STATUS_OK, summary="every step held")
-    slack = text_lines(blocks.stage_result(view, _result(finished)).blocks)
+    slack = rich.lines(blocks.stage_said(view, _result(finished)))
     # the stage's message names each proxy launch by a short label, not its command again
     assert slack[1:] == ["proxy launches: ladder/concurrency/proxy (dummy_weights)"]  # the real one is not named
     label = (
@@ -120,3 +134,16 @@ def _result(finished: pb.StageFinished) -> StageResult:
     result = fact_of(pb.RunEvent(stage_finished=finished))
     assert isinstance(result, StageResult)
     return result
+
+
+def test_the_terminal_prints_a_runs_text_as_it_was_where_slack_gets_it_escaped() -> None:
+    """No mrkdwn is read back: marks, fences and carriage returns in an engine's text are printed as they came."""
+    said = [
+        blocks.section(rich.bold("h *x* <b>"), "\n", rich.fence(["```x``` &", "bar\r50%"])),
+        rich.Section(rich.mentioning("cancelled by <@U1>, not <!channel>")),
+    ]
+    assert rich.lines(said) == ["h *x* <b>", "| ```x``` &", "| bar\r50%", "cancelled by @U1, not <!channel>"]
+    assert [block["text"]["text"] for block in rich.mrkdwn_blocks(said)] == [
+        "*h *x* &lt;b&gt;*\n```'''x''' &amp;\nbar\r50%```",
+        "cancelled by <@U1>, not &lt;!channel&gt;",
+    ]

@@ -13,11 +13,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bot.blocks import code, escaped, first_error_blocks, text_lines, unmarked
+from bot import rich
+from bot.blocks import first_error_blocks
 from bot.commands.common import EventPrinter
 from bot.config import ClientTls
 from bot.coordinator import Coordinator
 from bot.record import FirstError
+from bot.rich import escaped
 from bot.runner_client import open_channel
 from bot.store import AsyncStore, Store
 from bot.web import serving
@@ -38,15 +40,15 @@ def test_escaped_text_is_shown_in_slack_and_read_back_as_it_was() -> None:
         "upstream said &lt;!channel&gt; &lt;!here&gt; see &lt;https://evil.example/patch|Fix applied&gt; in "
         "&lt;#C0GENERAL&gt; &amp; more"
     )
-    assert escaped("&lt;") == "&amp;lt;" and unmarked(escaped("&lt; <x> &")) == "&lt; <x> &"
-    assert code([ENGINE_SAYS]) == f"```{escaped(ENGINE_SAYS)}```"  # code blocks too
+    assert escaped("&lt;") == "&amp;lt;" and rich.lines([rich.Section(rich.text("&lt; <x> &"))]) == ["&lt; <x> &"]
+    assert rich.mrkdwn(rich.text(rich.fence([ENGINE_SAYS]))) == f"```{escaped(ENGINE_SAYS)}```"  # code blocks too
     error = FirstError(
         "single_request", "request", ENGINE_SAYS, ENGINE_SAYS, ENGINE_SAYS, False, (ENGINE_SAYS,), ENGINE_SAYS
     )
-    blocks = first_error_blocks(error)
-    shown = json.dumps(blocks)
-    assert blocks and not [p for p in PLANTED if p in shown]
-    assert ENGINE_SAYS in "\n".join(text_lines(blocks))  # the terminal reads it back as it was
+    said = first_error_blocks(error)
+    shown = json.dumps(rich.mrkdwn_blocks(said))
+    assert said and not [p for p in PLANTED if p in shown]
+    assert ENGINE_SAYS in "\n".join(rich.lines(said))  # the terminal prints it as it was
 
 
 @pytest.mark.parametrize(

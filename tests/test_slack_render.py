@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bot import blocks
+from bot import blocks, rich
 from bot.config import parse_bot_config
 from bot.record import LadderStep, RunRecord, StageResult, fact_of
 from bot.slack.commands import Command, CommandError, parse
@@ -150,7 +150,7 @@ def test_the_ladder_is_one_block_of_its_steps_with_the_moot_ones_named_together(
     )
     facts = [fact_of(pb.RunEvent(ladder_step=step)) for step in (ran, *moot, last)]
     assert all(isinstance(fact, LadderStep) for fact in facts)
-    text = blocks.ladder_summary(f for f in facts if isinstance(f, LadderStep))["text"]["text"]
+    text = rich.mrkdwn(blocks.ladder_summary(f for f in facts if isinstance(f, LadderStep)).body)
     first, why, second = text.split("\n")
     assert first == "🪜 *prefix caching*: `cache_hit` (relaunched) — adds `--enable-prefix-caching`"
     assert why == "➖ *the deployment as written*: not launched: step prefix_caching already met the failure"

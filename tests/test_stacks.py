@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.blocks import first_error_blocks, text_lines
+from bot import rich
+from bot.blocks import first_error_blocks
 from bot.handoff import _first_error
 from bot.record import RunRecord
 from bot.report import report
@@ -119,7 +120,7 @@ def test_the_summary_reaches_the_thread_the_report_and_the_hand_off() -> None:
     error = pb.FirstError(phase=pb.PHASE_ENGINE_INIT, line="hang: no progress in engine_init for 30 s", stacks=stacks)
     record = RunRecord.replay("r1", [pb.RunEvent(run_id="r1", seq=1, first_error=error)])
     assert record.first_error is not None and record.first_error.stacks == tuple(stacks)
-    shown = "\n".join(text_lines(first_error_blocks(record.first_error)))
+    shown = "\n".join(rich.lines(first_error_blocks(record.first_error)))
     assert f"Where it waits: {stacks[0]}" in shown and "worker (pid 31683)" in shown
     assert report(record)["first_error"]["stacks"] == stacks
     handed = "\n".join(_first_error(record))

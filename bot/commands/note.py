@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from bot import rich
 from bot.answers import noted
-from bot.blocks import unmarked
 from bot.commands.common import CommandError, coordinator, load_config, operator
 from bot.refusal import Refused
 
@@ -15,7 +15,7 @@ def run(args: argparse.Namespace) -> int:
     async def note() -> str:
         async with coordinator(load_config(args.config)) as core:
             change = await core.note(args.cluster, " ".join(args.text), operator())
-        return unmarked(noted(change))
+        return rich.plain(noted(change))
 
     try:
         print(asyncio.run(note()))

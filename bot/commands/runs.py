@@ -12,8 +12,8 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from bot import rich
 from bot.answers import cancelled, runner_line
-from bot.blocks import unmarked
 from bot.bundle import is_imported, public_request
 from bot.commands.common import CommandError, coordinator, load_config, operator
 from bot.config import BotConfig
@@ -149,7 +149,7 @@ def _json_artifacts(value: Any) -> Any:
 def cancel_run(args: argparse.Namespace) -> int:
     async def cancel() -> str:
         async with coordinator(load_config(args.config)) as core:
-            return unmarked(cancelled(await core.cancel(args.run, operator())))
+            return rich.plain(cancelled(await core.cancel(args.run, operator())))
 
     try:
         print(asyncio.run(cancel()))
@@ -166,7 +166,7 @@ def list_runners(args: argparse.Namespace) -> int:
             except Refused as exc:
                 raise CommandError(str(exc)) from None
         for cluster, state in states:  # the terminal is the operator's: every runner with its address
-            print(terminal(unmarked(runner_line(cluster, state, private=True))))
+            print(terminal(rich.plain(runner_line(cluster, state, private=True))))
         return 0
 
     return asyncio.run(survey())

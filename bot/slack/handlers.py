@@ -13,14 +13,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bot import rich
 from bot.answers import cancelled, noted, runner_line
-from bot.blocks import ACTION_CANCEL, ACTION_MINIMIZE, ACTION_RERUN, MAX_SECTION, clip
+from bot.blocks import ACTION_CANCEL, ACTION_MINIMIZE, ACTION_RERUN, MAX_SECTION
 from bot.config import ClusterConfig
 from bot.coordinator import Coordinator
 from bot.minimize import start_minimize
 from bot.operations import SLACK, RegistryError, check_handled
 from bot.refusal import Refused
 from bot.rerun import command_line
+from bot.rich import clip
 from bot.slack.access import Access
 from bot.slack.commands import Command, CommandError, help_text, parse
 from bot.slack.metrics import Metrics
@@ -211,9 +213,8 @@ class Handlers:
     async def _cancel(self, request: Request, run: str) -> str:
         found = await self.store.call(Store.get_run, run)
         await self._operator(request, found.cluster)
-        return cancelled(
-            await self.core.cancel(found.id, request.user, "slack", place=request.channel, by=f"<@{request.user}>")
-        )
+        result = await self.core.cancel(found.id, request.user, "slack", place=request.channel, by=f"<@{request.user}>")
+        return rich.mrkdwn(cancelled(result))
 
     @handles("rerun")
     async def _rerun(self, request: Request, run: str, where: str) -> str:
@@ -230,11 +231,12 @@ class Handlers:
         await self._operator(request, found.cluster)
         started = await start_minimize(self.core, found.id, request.user, via="slack", place=request.channel)
         await self.threads.open(started, request.channel, request.team_domain)
-        text = (
-            f"🔬 minimize run `{started.run_id}` started by <@{request.user}>: its own thread has the search\n"
-            f"it launches: {_inline(command_line(started.request.launch_argv))}"
+        launches = command_line(started.request.launch_argv).replace("`", "'")
+        note = rich.text("🔬 minimize run ", rich.code(started.run_id), " started by ", rich.mention(request.user))
+        note += rich.text(
+            ": its own thread has the search\nit launches: ", rich.code(clip(launches, MAX_SECTION - 200))
         )
-        await self.threads.note_in_thread(found.id, request.channel, text, f"minimize:{started.run_id}")
+        await self.threads.note_in_thread(found.id, request.channel, note, f"minimize:{started.run_id}")
         return ""
 
     @handles("runners")
@@ -242,7 +244,7 @@ class Handlers:
         """Each runner for anyone; where it listens only for the cluster's operators (answers.runner_line)."""
         states = await self.core.runners(cluster or None)
         operates = {name: await self.access.is_operator(self.access.cluster(name), request.user) for name, _ in states}
-        lines = [runner_line(name, state, private=operates[name]) for name, state in states]
+        lines = [rich.mrkdwn(runner_line(name, state, private=operates[name])) for name, state in states]
         if lines and not all(operates.values()):
             lines.append("_addresses are shown to the cluster's operators_")
         return "\n".join(lines) or "no runners configured"
@@ -265,7 +267,7 @@ class Handlers:
     async def _note(self, request: Request, cluster: str, text: str) -> str:
         await self._operator(request, cluster)
         change = await self.core.note(cluster, text, request.user, "slack", place=request.channel)
-        return noted(change)
+        return rich.mrkdwn(noted(change))
 
     @handles("help")
     async def _help(self, request: Request) -> str:

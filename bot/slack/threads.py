@@ -12,7 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from bot import blocks, timeline
+from bot import blocks, rich, timeline
 from bot.blocks import MINIMAL, Message
 from bot.bundle import BundleError, export_bundle
 from bot.consumer import EventCallback, RunLost, RunRefused
@@ -122,8 +122,9 @@ class Threads:
         post = await self._poster(run_id, channel)
 
         async def started(rerun_id: str, placement: Placement) -> None:
-            text = f"🧪 isolated rerun `{rerun_id}` started on {placement.where}, by <@{user}>"
-            await post(f"{run_id}:rerun:{rerun_id}:start", blocks.fit(text, [blocks.section(text)]))
+            body = rich.text("🧪 isolated rerun ", rich.code(rerun_id), f" started on {placement.where}, by ")
+            body += (rich.mention(user),)
+            await post(f"{run_id}:rerun:{rerun_id}:start", blocks.fit(rich.mrkdwn(body), [rich.Section(body)]))
             placed.set_result(rerun_id)
 
         async def work() -> None:
@@ -160,10 +161,10 @@ class Threads:
 
         return post
 
-    async def note_in_thread(self, run_id: str, channel: str, text: str, key: str) -> None:
+    async def note_in_thread(self, run_id: str, channel: str, body: rich.Text, key: str) -> None:
         """One line in a run's thread (once per `key`), e.g. where a minimize run of it went."""
         post = await self._poster(run_id, channel)
-        await post(f"{run_id}:{key}", blocks.fit(text, [blocks.section(text)]))
+        await post(f"{run_id}:{key}", blocks.fit(rich.mrkdwn(body), [rich.Section(body)]))
 
     async def idle(self) -> None:
         await self._tasks.wait()
@@ -277,10 +278,11 @@ async def _post_verdict(post: Post, outcome: RerunOutcome) -> None:
     lines = verdict_lines(outcome)
     verdict = outcome.comparison["verdict"]
     mark = VERDICT_MARK[verdict] if verdict else "⚠️"
-    message = blocks.fit(lines[0], [blocks.section(f"{mark} *{lines[0]}*"), blocks.section(blocks.code(lines[1:]))])
+    head, details = blocks.section(f"{mark} ", rich.bold(lines[0])), blocks.section(rich.fence(lines[1:]))
+    message = blocks.fit(lines[0], [head, details])
     await post(f"{outcome.original_id}:rerun:{outcome.run_id}:verdict", message)
 
 
 async def _no_verdict(post: Post, original_id: str, rerun_id: str, exc: Exception) -> None:
-    text = f"⚠️ isolated rerun `{rerun_id}` ended without a verdict: {exc}"
-    await post(f"{original_id}:rerun:{rerun_id}:problem", blocks.fit(text, [blocks.section(text)]))
+    body = rich.text("⚠️ isolated rerun ", rich.code(rerun_id), f" ended without a verdict: {exc}")
+    await post(f"{original_id}:rerun:{rerun_id}:problem", blocks.fit(rich.mrkdwn(body), [rich.Section(body)]))
