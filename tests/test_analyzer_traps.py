@@ -813,6 +813,10 @@ def test_a_wrapper_s_quoted_cause_over_lines_is_named_by_the_line_a_rule_names()
         pytest.param(lambda line: f"  {line}", id="indented-paste"),
         pytest.param(lambda line: f"(TaskRunner pid=7) 2025-06-06 19:02:40,123\t{line}", id="actor-over-timestamp"),
         pytest.param(lambda line: f"  | [2025-03-10T15:07:20Z] {line}", id="table-cell-bracketed-iso"),
+        # (a systemd journal in the host's locale: its month is any language's, `déc.`, `Dez`, `12月`)
+        pytest.param(lambda line: f"déc. 19 02:07:16 host-1 bash[2211352]: {line}", id="journal-french-month"),
+        pytest.param(lambda line: f"Dez 19 02:07:16 host-1 vllm.service[77]: {line}", id="journal-german-month"),
+        pytest.param(lambda line: f"12月 19 02:07:16 host-1 python3[77]: {line}", id="journal-cjk-month"),
     ],
 )
 def test_wrappers_around_a_prefixed_log_read_as_the_log(wrap: Callable[[str], str]) -> None:
