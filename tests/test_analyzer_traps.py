@@ -979,3 +979,22 @@ def test_interleaved_cut_tracebacks_are_ordered_by_where_they_began(tmp_path: Pa
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     for error in (analyze_text("\n".join(lines)).first_error, analyze_path(path).first_error):
         assert error is not None and (error.line, error.category) == (capture, "cudagraph")
+
+
+def test_a_shutdown_s_cancelled_task_gives_way_to_the_wrapper_naming_the_failure() -> None:
+    # uvicorn's lifespan task cancelled as the server gives up comes first in the log; the deploying project's logger
+    # then says what failed (KServe's `Failed to start model server: Engine core initialization failed`).
+    cancelled = [
+        "Traceback (most recent call last):",
+        '  File "/venv/lib/python3.12/site-packages/uvicorn/lifespan/on.py", line 137, in receive',
+        "    return await self.receive_queue.get()",
+        "asyncio.exceptions.CancelledError",
+    ]
+    failed = (
+        "2026-02-11 02:15:04.629 1 kserve ERROR [__main__.py:<module>():337] Failed to start model server: "
+        "Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+    )
+    error = analyze_text("\n".join([*cancelled, "", failed])).first_error
+    assert error is not None and error.line == failed
+    alone = analyze_text("\n".join(cancelled)).first_error
+    assert alone is not None and alone.line == cancelled[-1]

@@ -427,7 +427,9 @@ class ErrorLines:
             st.wrapper_head = self.candidate(st, ll, WEAK, None)
         self._arbiter.demote(rule, ll)
         title, st.title = st.title, None
-        if self._arbiter.wrapper is None or self._arbiter.wrapper is title:
+        kept = self._arbiter.wrapper
+        # (a shutdown's reaction, uvicorn's lifespan task cancelled, gives way to a later wrapper naming the failure)
+        if kept is None or kept is title or (kept.rule is not None and kept.rule.reaction and not rule.reaction):
             cand = self._arbiter.wrapper = self.candidate(st, ll, WRAPPER, rule)
             cause = cand.groups.get("cause")
             if cause is not None:

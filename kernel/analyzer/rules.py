@@ -111,6 +111,8 @@ class ErrorRule:
     hang: bool  # a wrapper that interrupts a launch which stopped making progress
     phase_usual: bool  # `phase` places the error when nothing else does (its class happens there, with rare exceptions)
     startup: bool  # a wrapper raised only while the engine starts: the error before it happened in a start-up
+    # A wrapper a shutdown raises (a task cancelled, an exit): any later wrapper naming a failure is the one told.
+    reaction: bool
     hint: str | None
     examples: tuple[str, ...]
     # A continuation line of the message that names the cause (pydantic's `Value error, ...`): it joins the
@@ -333,6 +335,7 @@ def _rule(row: TomlReader) -> ErrorRule:
         hang=row.flag("hang", False),
         phase_usual=row.flag("phase_usual", False),
         startup=row.flag("startup", False),
+        reaction=row.flag("reaction", False),
         hint=hint,
         examples=tuple(row.texts("examples")),
         cause_follows=row.optional_regex("cause_follows"),
