@@ -998,3 +998,21 @@ def test_a_shutdown_s_cancelled_task_gives_way_to_the_wrapper_naming_the_failure
     assert error is not None and error.line == failed
     alone = analyze_text("\n".join(cancelled)).first_error
     assert alone is not None and alone.line == cancelled[-1]
+
+
+@pytest.mark.parametrize("before", ["", "Loading safetensors checkpoint shards:   0% 0/1 [00:00<?, ?it/s]"])
+def test_an_empty_error_record_heads_the_unlogged_traceback_after_it(before: str) -> None:
+    # V0's `logger.exception` logs its header with no message, then the traceback without headers; a progress bar
+    # may hold the header (written after its rate field without a line end). A cut traceback is named by the header.
+    head = f"{before}ERROR 09-24 02:53:53 [engine.py:467] "
+    frames = [
+        "Traceback (most recent call last):",
+        '  File "/vllm/engine/multiprocessing/engine.py", line 455, in run_mp_engine',
+        "    engine = MQLLMEngine.from_vllm_config(",
+        '  File "/vllm/engine/multiprocessing/engine.py", line 88, in __init__',
+        "    self.engine = LLMEngine(*args, **kwargs)",
+    ]
+    error = analyze_text(
+        "\n".join(["INFO 09-24 02:53:51 [weight_utils.py:349] No index found.", head, *frames])
+    ).first_error
+    assert error is not None and error.line == head

@@ -128,8 +128,10 @@ class LineParser:
         for match in self._joined.finditer(raw):
             end = self._before(raw, match.start())
             begin = len(raw) - len(raw[end:].lstrip())
-            if end == 0 or begin == end:
-                continue  # the line's start, or glued to a word
+            if end == 0 or (begin == end and raw[end - 1] != "]"):
+                # the line's start, or glued to a word (not to a closing bracket: a progress bar's rate field,
+                # `[00:00<?, ?it/s]ERROR 09-24 …`, the header written after the bar without a line end)
+                continue
             if own < 0:
                 own = 0
                 while (wrap := self._wrappers.match(raw, own) or (self._quoted and self._quoted.match(raw, own))) and (

@@ -189,6 +189,8 @@ class TracebackTracker:
         # The line read last, its number and whether it came while its stream was open (see _unwrapped).
         self._before: tuple[int, LogLine, bool] | None = None
         self._widths: deque[int] = deque(maxlen=_WRAP_RECENT)  # widths of the last lines read (see _unwrapped)
+        # The line read last when it was a logged error record with no message, as a candidate (see line()).
+        self._blank_record: Candidate | None = None
 
     def settled(self, ok: Callable[[Stream], bool]) -> bool:
         """Whether every stream with lines since the last call passes `ok` (those that do are forgotten:
@@ -254,6 +256,14 @@ class TracebackTracker:
         after_frame, st.after_frame = st.after_frame, False
         loose, st.loose_code = st.loose_code, ""
         head, st.wrapper_head = st.wrapper_head, None
+        blank, self._blank_record = self._blank_record, None
+        if ll.level is None and blank is not None and blank.key[0] == ll.proc and self._tb.start.match(ll.msg):
+            # A logged error record with no message whose traceback follows without headers (V0's
+            # `logger.exception`, `ERROR … [engine.py:467] ` then `Traceback …`): the traceback is the record's.
+            blank.key = key
+            st.header = blank
+        elif ll.level in self._error_levels and st.is_idle() and not ll.msg.strip():
+            self._blank_record = self._intake.candidate(st, ll, WEAK, None)
         if ll.level is not None and ll.level not in self._error_levels:
             arbiter = self._arbiter
             arbiter.resolve_header(st, starts_traceback=False)
