@@ -876,6 +876,16 @@ def test_an_image_a_request_names_is_no_container_image() -> None:
             "compile",
         ),
         ("subprocess.CalledProcessError: Command 'cmake --build build' returned non-zero exit status 2.", "compile"),
+        # a JIT's own sources asserting that the command it ran to build or load a kernel succeeded, not its shape checks
+        (
+            "RuntimeError: Assertion error (csrc/apis/../jit_kernels/impls/../../jit/kernel_runtime.hpp:45): exit_code == 0",
+            "compile",
+        ),
+        ("RuntimeError: Assertion error (/deep_gemm/include/jit/compiler.hpp:120): return_code == 0", "compile"),
+        (
+            "RuntimeError: Assertion error (csrc/apis/../jit_kernels/impls/sm90_fp8_gemm_1d2d.hpp:30): n % 64 == 0",
+            "other",
+        ),
         # a config or tokenizer not found
         (
             "ValueError: Could not detect config format for no config file found. With config_format 'auto', ensure "
