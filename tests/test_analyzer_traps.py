@@ -1026,3 +1026,21 @@ def test_an_empty_error_record_heads_the_unlogged_traceback_after_it(before: str
         "\n".join(["INFO 09-24 02:53:51 [weight_utils.py:349] No index found.", head, *frames])
     ).first_error
     assert error is not None and error.line == head
+
+
+@pytest.mark.parametrize(
+    ("prefix", "head", "frames"),
+    [
+        # the engine core's busy loop running a client's call (a trainer's collective_rpc): the engine is up
+        (CORE_ERR, ["Invocation of collective_rpc method failed"], ["_handle_client_request", "collective_rpc"]),
+        # NeMo RL syncing its weights into the running engine
+        ("(VllmAsyncGenerationWorker pid=7, ip=10.0.0.8) ", [], ["update_weights_via_ipc_zmq_async", "collective_rpc"]),
+    ],
+)
+def test_a_client_s_call_into_the_running_engine_places_serving(
+    prefix: str, head: list[str], frames: list[str]
+) -> None:
+    # (the traceback cut before its exception, as the excerpts are)
+    cut = traceback(prefix, frames, "")[:-1]
+    error = analyze_text("\n".join([*(prefix + line for line in head), *cut])).first_error
+    assert error is not None and (error.phase, error.category) == ("request", "request_error")
