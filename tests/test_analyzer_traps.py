@@ -1044,3 +1044,29 @@ def test_a_client_s_call_into_the_running_engine_places_serving(
     cut = traceback(prefix, frames, "")[:-1]
     error = analyze_text("\n".join([*(prefix + line for line in head), *cut])).first_error
     assert error is not None and (error.phase, error.category) == ("request", "request_error")
+
+
+@pytest.mark.parametrize(
+    ("frames", "exception", "phase"),
+    [
+        # the graph capture's own steps run only as the engine starts
+        (
+            ["_capture_cudagraphs", "_warmup_and_capture"],
+            "RuntimeError: CUDA error: operation not permitted",
+            "engine_init",
+        ),
+        # the loader processing the weights it loaded: a quantization method repacking them for its kernel
+        (["gptq_marlin_repack", "__call__"], "RuntimeError: CUDA driver error: out of memory", "weight_load"),
+        (
+            ["process_weights_after_loading", "awq_marlin_repack"],
+            "RuntimeError: CUDA driver error: out of memory",
+            "weight_load",
+        ),
+    ],
+)
+def test_a_start_up_step_s_own_frames_place_an_excerpt_that_starts_inside_it(
+    frames: list[str], exception: str, phase: str
+) -> None:
+    # (an excerpt with no marker: the traceback's outer frames, run_engine_core and the model runner's, are cut)
+    error = analyze_text("\n".join(traceback(CORE_ERR, frames, exception)[1:])).first_error
+    assert error is not None and error.phase == phase
