@@ -40,7 +40,7 @@ BATCHES = {
     ("k01.log", "k22.log"): {"phase": 22, "category": 22, "first_error_line": 22},
     ("l01.log", "l22.log"): {"phase": 22, "category": 21, "first_error_line": 22},
     ("m01.log", "m22.log"): {"phase": 22, "category": 22, "first_error_line": 22},
-    ("n01.log", "n22.log"): {"phase": 16, "category": 18, "first_error_line": 19},
+    ("n01.log", "n22.log"): {"phase": 21, "category": 22, "first_error_line": 22},
 }
 
 
