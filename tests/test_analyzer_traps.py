@@ -817,6 +817,8 @@ def test_a_wrapper_s_quoted_cause_over_lines_is_named_by_the_line_a_rule_names()
         pytest.param(lambda line: f"déc. 19 02:07:16 host-1 bash[2211352]: {line}", id="journal-french-month"),
         pytest.param(lambda line: f"Dez 19 02:07:16 host-1 vllm.service[77]: {line}", id="journal-german-month"),
         pytest.param(lambda line: f"12月 19 02:07:16 host-1 python3[77]: {line}", id="journal-cjk-month"),
+        # (a wrapper no rule strips: a process's traceback lines are read from their process prefix on)
+        pytest.param(lambda line: f"19.12.25 02:07:16,123 host-1 bash[22]: {line}", id="unknown-wrapper"),
     ],
 )
 def test_wrappers_around_a_prefixed_log_read_as_the_log(wrap: Callable[[str], str]) -> None:
@@ -1070,3 +1072,13 @@ def test_a_start_up_step_s_own_frames_place_an_excerpt_that_starts_inside_it(
     # (an excerpt with no marker: the traceback's outer frames, run_engine_core and the model runner's, are cut)
     error = analyze_text("\n".join(traceback(CORE_ERR, frames, exception)[1:])).first_error
     assert error is not None and error.phase == phase
+
+
+def test_a_message_quoting_a_process_id_is_not_read_from_it() -> None:
+    # Only a traceback's line behind a wrapper no rule strips is read from its process prefix on; a message that
+    # quotes a `(pid=N)` keeps its words.
+    parser = LineParser(default_rules().line)
+    line = parser.parse("ERROR 07-01 09:41:21 [core.py:936] Killing worker (pid=123) because it hung")
+    assert line.msg == "Killing worker (pid=123) because it hung"
+    frame = parser.parse('19.12.25 02:07:16 host bash[22]: (EngineCore_DP0 pid=22)   File "/vllm/x.py", line 1, in f')
+    assert (frame.proc, frame.msg) == ("(EngineCore_DP0 pid=22)", '  File "/vllm/x.py", line 1, in f')

@@ -80,6 +80,8 @@ class LineParser:
             # timestamped lines, `(TaskRunner pid=1) 2025-06-06T19:02:40Z (WorkerDict pid=2) ERROR …`)
             inner_proc, text = self._process_prefixes(inner)
             proc = f"{proc} {inner_proc}".strip()
+        if not proc and "pid=" in text:
+            proc, text = self._behind_unknown_wrapper(text)
         if "\r" in text:
             # A progress bar redraws itself with CR: what stays on the terminal is the last segment.
             text = next((seg for seg in reversed(text.split("\r")) if seg.strip()), "")
@@ -175,6 +177,18 @@ class LineParser:
                 text = _ESCAPE.sub(r"\1", value[0])
             else:
                 return text
+
+    def _behind_unknown_wrapper(self, text: str) -> tuple[str, str]:
+        """A process's traceback line behind a wrapper no rule strips (a collector's or a host's format of its own,
+        `19.12.25 02:07:16 host bash[22]: (EngineCore_DP0 pid=22)   File "…"`): the process prefix and the line it
+        heads, else ("", text) unchanged. Only a traceback's line counts: a message may quote a `(pid=N)` mid-line."""
+        opening = text.rfind("(", 0, text.find("pid="))
+        if opening <= 0 or text[opening - 1] not in " \t" or self._relogged is None:
+            return "", text
+        proc, rest = self._process_prefixes(text[opening:])
+        if not proc or not self._relogged.match(rest):
+            return "", text
+        return proc, rest
 
     def _process_prefixes(self, text: str) -> tuple[str, str]:
         """The process prefix(es) at the start of `text` ("" for none), and the rest."""
