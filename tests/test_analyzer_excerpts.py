@@ -41,6 +41,7 @@ BATCHES = {
     ("l01.log", "l22.log"): {"phase": 22, "category": 21, "first_error_line": 22},
     ("m01.log", "m22.log"): {"phase": 22, "category": 22, "first_error_line": 22},
     ("n01.log", "n22.log"): {"phase": 21, "category": 22, "first_error_line": 22},
+    ("o01.log", "o22.log"): {"phase": 20, "category": 20, "first_error_line": 22},
 }
 
 
