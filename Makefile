@@ -65,13 +65,15 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# Every tier in one run on four workers (`--dist loadgroup`, the groups given by tests/conftest.py): two workers each
-# run one serial stream of the daemons and real-vLLM tiers, never more than two vLLM CPU servers at once (a launch
-# is three processes importing vLLM one after the other, one core each); the other two take the unit and sim tests
-# one at a time (they wait on loopback more than they compute), and a stream's worker is handed some too once its
-# stream is nearly done. tests/test_tiers.py checks that every test is in exactly one tier.
+# Every tier, in two passes: the unit and sim tiers on two workers (they wait on loopback more than they compute),
+# then the daemons (one private dockerd, one single-node Slurm) and real-vLLM tiers on two workers, each worker one
+# serial stream (`--dist loadgroup`, the streams given by tests/conftest.py): half the real-vLLM tests on one, the
+# daemons tests then the other half on the other, never more than two vLLM CPU servers at once (a launch is three
+# processes importing vLLM one after the other, one core each). Together the passes select every test
+# (tests/test_tiers.py checks the markers).
 test: lint
-	K3REPRO_VLLM_PYTHON=$(VLLM_PYTHON) $(BIN)/pytest -n 4 --dist loadgroup -p no:cacheprovider
+	K3REPRO_VLLM_PYTHON=$(VLLM_PYTHON) $(BIN)/pytest -m "unit or sim" -n $(CHECK_WORKERS) -p no:cacheprovider
+	K3REPRO_VLLM_PYTHON=$(VLLM_PYTHON) $(BIN)/pytest -m "daemons or real_vllm" -n 2 --dist loadgroup -p no:cacheprovider
 
 # The inner loop, a minute or two: ruff and the unit tier (no daemon, server, subprocess or network; the tiers are
 # in tests/conftest.py), two workers. `make test` stays what CI runs: every tier.

@@ -202,13 +202,12 @@ def tier_of(item: pytest.Item) -> str | None:
 
 
 UNTIERED = pytest.StashKey[list[str]]()  # this session's tests with no tier or more than one, before any -m
-# `make test` runs these tiers as two groups with `--dist loadgroup` (TierGroups), each one worker's serial stream,
-# beside the unit and sim tests on the other workers. A vLLM CPU launch is three Python processes that import torch
-# and vLLM one after the other, one core each, so two vLLM servers at once keep both cores busy where one left a core
-# idle: the first stream runs the real-vLLM modules of FIRST_STREAM, the second the daemons tier (one private dockerd
-# and one Slurm at a time, as in a serial run) and then the other real-vLLM modules. Never more than two vLLM servers
-# at once. The scheduler sees node ids only, so a test of these tiers must be in a module whose TIERS row is its tier
-# (tests/test_tiers.py).
+# `make test`'s second pass runs these tiers on two workers with `--dist loadgroup`, each worker one serial stream
+# (TierGroups). A vLLM CPU launch is three Python processes that import torch and vLLM one after the other, one core
+# each, so two vLLM servers at once keep both cores busy where one left a core idle: the first stream runs the
+# real-vLLM modules of FIRST_STREAM, the second the daemons tier (one private dockerd and one Slurm at a time, as in
+# a serial run) and then the other real-vLLM modules. Never more than two vLLM servers at once. The scheduler sees
+# node ids only, so a test of these tiers must be in a module whose TIERS row is its tier (tests/test_tiers.py).
 SERIAL_TIERS = ("daemons", "real_vllm")
 FIRST_STREAM = ("test_real_vllm_healthy", "test_real_vllm_kv_cache")
 ELSEWHERE = pytest.StashKey[list[str]]()  # this session's tests of a serial tier in a module of another row

@@ -29,7 +29,7 @@ def test_every_test_this_session_collected_has_exactly_one_tier(request: pytest.
 
 
 def test_every_daemons_and_real_vllm_test_is_in_a_module_of_its_tier(request: pytest.FixtureRequest) -> None:
-    """`make test` groups these tiers by module into two streams (conftest.TierGroups): a real-vLLM
+    """`make test`'s second pass groups these tiers by module into two streams (conftest.TierGroups): a real-vLLM
     test elsewhere could run beside both, a third vLLM server at once."""
     assert request.config.stash.get(ELSEWHERE, []) == []
 
