@@ -26,6 +26,11 @@ from vllm_sim.tokenizer import reply, tokenize
 
 _EOS = ""  # the end-of-sequence token: counted as generated, never shown
 _HIT_RATE_WINDOW = 1000  # requests in the logged prefix-cache hit rate (vLLM's CachingMetrics)
+# Wall seconds a request waits at admission, in a scenario with a fault that needs several requests in flight, before
+# the fault looks: a real engine schedules the requests a client sent together in one step, but at `speed` times the
+# wall clock the simulator would finish one before the client's next arrives on a loaded machine. Other scenarios
+# never wait.
+_BATCH_WINDOW_S = 0.2
 
 
 class EngineDeadError(Exception):
@@ -63,6 +68,7 @@ class Engine:
         )
         self._first_blocks: set[tuple[str, ...]] = set()  # first KV block of every request seen
         self._draws: Counter[str] = Counter()  # matching requests per fault, for probability draws
+        self._batches = any(f.phase == "request" and f.when.concurrency_min for f in facts.scenario.faults)
         self._stuck = asyncio.Event()
         self.dead = asyncio.Event()
         self.waiting = 0
@@ -99,12 +105,14 @@ class Engine:
             self._check_alive()
             if self._stuck.is_set():  # a hung engine schedules nothing more
                 await hang([], self._log, self._procs)
+            self._active[key] = len(generation.prompt)
+            if self._batches:
+                await asyncio.sleep(_BATCH_WINDOW_S)  # wall time: see _BATCH_WINDOW_S
             fault = self._request_fault(self._view(generation))
             if fault is not None:
                 await self._strike(fault)
             cached = self.cache.schedule(generation.prompt)
             self._window.append((len(generation.prompt), cached))
-            self._active[key] = len(generation.prompt)
             await self._clock.sleep((len(generation.prompt) - cached) / self._timings.prefill_tokens_per_s)
             self.prompt_tokens += len(generation.prompt)
             for token in generation.output:
@@ -130,7 +138,7 @@ class Engine:
         repeated = len(first) == self.cache.block_size and first in self._first_blocks
         if len(first) == self.cache.block_size:
             self._first_blocks.add(first)
-        return RequestView(len(generation.prompt), repeated, generation.tools, len(self._active) + self.waiting + 1)
+        return RequestView(len(generation.prompt), repeated, generation.tools, len(self._active) + self.waiting)
 
     def _request_fault(self, request: RequestView) -> Fault | None:
         conditions, scenario = self._facts.conditions(), self._facts.scenario
