@@ -27,18 +27,10 @@ EventCallback = Callable[[pb.RunEvent], Awaitable[None]]
 ReconnectCallback = Callable[[str], Awaitable[None]]
 BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 STREAM_IDLE_S = 60.0  # no event and no heartbeat for this long: the stream is dead even if TCP says otherwise
-REFUSALS = {
-    grpc.StatusCode.INVALID_ARGUMENT,
-    grpc.StatusCode.PERMISSION_DENIED,
-    grpc.StatusCode.ALREADY_EXISTS,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-    grpc.StatusCode.FAILED_PRECONDITION,
-    grpc.StatusCode.UNAUTHENTICATED,
-}
 
 
 class RunRefused(Refused):
-    """The runner refused to start a run StartRun was sent for by follow_run (a rerun): recorded as an error."""
+    """The runner did not accept a run it was sent (`accept`): nothing runs."""
 
 
 class RunLost(Exception):
@@ -63,14 +55,12 @@ async def follow_run(
     run_id: str,
     address: str,
     on_event: EventCallback,
-    start: pb.StartRunRequest | None = None,
     on_reconnect: ReconnectCallback | None = None,
     live: LiveStream | None = None,
 ) -> pb.RunFinished:
-    """Streams the run until it finishes: on from `live` (the stream `accept` kept open), else over a new stream.
-    `start` given: the run is started first (safe to resend)."""
+    """Streams the run until it finishes: on from `live` (the stream `accept` kept open), else over WatchRun."""
     try:
-        return await _follow(config, store, run_id, address, on_event, start, on_reconnect, live)
+        return await _follow(config, store, run_id, address, on_event, on_reconnect, live)
     finally:
         if live is not None:
             await live.close()
@@ -82,7 +72,6 @@ async def _follow(
     run_id: str,
     address: str,
     on_event: EventCallback,
-    start: pb.StartRunRequest | None,
     on_reconnect: ReconnectCallback | None,
     live: LiveStream | None,
 ) -> pb.RunFinished:
@@ -104,21 +93,12 @@ async def _follow(
                     await stream.close()
             else:
                 async with open_channel(address, config.tls) as channel:
-                    stub = pb_grpc.RunnerStub(channel)
-                    call: AsyncIterable[pb.RunEvent] = (
-                        stub.StartRun(start)
-                        if start is not None and last_seq == 0
-                        else stub.WatchRun(pb.WatchRunRequest(run_id=run_id, after_seq=last_seq))
-                    )
+                    call = pb_grpc.RunnerStub(channel).WatchRun(pb.WatchRunRequest(run_id=run_id, after_seq=last_seq))
                     finished = await _consume(store, run_id, _until_idle(call), on_event, heard)
             if finished is not None:
                 return finished
             problem = "the runner closed the stream before the run finished"
         except grpc.aio.AioRpcError as exc:
-            if exc.code() in REFUSALS and last_seq == 0:
-                message = f"runner {address} refused the run: {rpc_error_text(exc)}"
-                await _record_error(store, run_id, RunState.ERROR, message)
-                raise RunRefused(message) from None
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 message = f"runner {address} no longer knows run {run_id} (its journal was lost)"
                 await _record_error(store, run_id, RunState.LOST, message)

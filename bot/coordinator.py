@@ -211,7 +211,7 @@ class Coordinator:
     ) -> pb.RunFinished:
         self.following.add(run_id)
         try:
-            return await follow_run(self.config, self.store, run_id, runner, on_event, None, on_reconnect, live)
+            return await follow_run(self.config, self.store, run_id, runner, on_event, on_reconnect, live)
         finally:
             self.following.discard(run_id)
 

@@ -21,13 +21,13 @@ from typing import Any
 
 from bot.bundle import MAX_BUNDLE_BYTES, Bundle, BundleError, export_bundle, is_imported
 from bot.config import BotConfig
-from bot.consumer import EventCallback, follow_run
+from bot.consumer import EventCallback, LiveStream, RunRefused, accept, follow_run
 from bot.coordinator import Coordinator
 from bot.ids import new_run_id
 from bot.isolation import IsolationError, Placement, Provider, make_provider
 from bot.record import RunRecord
 from bot.refusal import Refused
-from bot.store import RerunVerdict, Run, Store
+from bot.store import RerunVerdict, Run, RunState, Store
 from kernel.fingerprint import diff
 from kernel.images import pinned_to
 from kernel.redact import PLACEHOLDER, redactor
@@ -212,7 +212,8 @@ async def finish_rerun(
         placed = await _stored(core, rerun_id)
     placement = placed.placement
     try:
-        finished = await follow_run(core.config, store, rerun_id, placement.address, on_event, placed.request)
+        live = await start_placed(core, placed, on_event) if placed.request is not None else None
+        finished = await follow_run(core.config, store, rerun_id, placement.address, on_event, live=live)
     finally:
         await asyncio.shield(placed.provider.release(placement))
         if placement.handle:  # a job of its own: releasing it ended the run, even if we did not see the end
@@ -224,6 +225,25 @@ async def finish_rerun(
         comparison = {**comparison, "verdict": None, "why": f"the rerun ended {status}: {finished.summary}"}
     await store.call(Store.record_verdict, rerun_id, comparison["verdict"] or "", json.dumps(comparison))
     return RerunOutcome(rerun_id, placed.original_id, placement, finished, comparison)
+
+
+async def start_placed(core: Coordinator, placed: PlacedRerun, on_event: EventCallback) -> LiveStream:
+    """Starts the placed rerun the way a run starts (`accept`: StartRun, kept open after the first event, which is
+    stored and shown); `follow_run` reads on from the stream returned. A refusal is the rerun's recorded error."""
+    assert placed.request is not None
+    try:
+        first, live = await accept(core.config, placed.placement.address, placed.request)
+    except RunRefused as exc:
+        await core.store.call(Store.finish_run, placed.run_id, RunState.ERROR, str(exc))
+        raise
+    try:
+        stored = await core.store.call(Store.add_event, first)
+        if stored is not None:  # redacted by the store, as every event shown
+            await on_event(stored)
+    except BaseException:
+        await live.close()
+        raise
+    return live
 
 
 async def _stored(core: Coordinator, rerun_id: str) -> PlacedRerun:

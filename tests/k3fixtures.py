@@ -11,7 +11,7 @@ from typing import Any
 from bot.config import BotConfig, parse_bot_config
 from bot.consumer import follow_run
 from bot.coordinator import Coordinator, StartedRun
-from bot.rerun import PlacedRerun, place_rerun
+from bot.rerun import PlacedRerun, place_rerun, start_placed
 from bot.store import AsyncStore
 from kernel.tls import DevCerts
 from protos import runner_pb2 as pb
@@ -192,8 +192,10 @@ async def rerun_left_running(core: Coordinator, original: str) -> PlacedRerun:
         if event.HasField("stage_started") and event.stage_started.stage == pb.STAGE_MINIMAL_LAUNCH:
             launching.set()
 
-    address = placed.placement.address
-    follower = asyncio.create_task(follow_run(core.config, core.store, placed.run_id, address, watch, placed.request))
+    live = await start_placed(core, placed, watch)
+    follower = asyncio.create_task(
+        follow_run(core.config, core.store, placed.run_id, placed.placement.address, watch, live=live)
+    )
     await launching.wait()
     follower.cancel()
     with contextlib.suppress(asyncio.CancelledError):

@@ -38,7 +38,14 @@ class Site:
 
 
 @contextlib.asynccontextmanager
-async def site(certs: DevCerts, tmp_path: Path, original: str, isolated: str, **isolation: Any) -> AsyncIterator[Site]:
+async def site(
+    certs: DevCerts,
+    tmp_path: Path,
+    original: str,
+    isolated: str,
+    isolated_images: list[str] = DIGEST_IMAGES,
+    **isolation: Any,
+) -> AsyncIterator[Site]:
     """A cluster with one regular runner on the `original` host and one runner labelled isolated on another."""
     regular = runner_data(certs, tmp_path / "regular", scenario=original, speed=SIM_SPEED)
     other = runner_data(
@@ -48,7 +55,7 @@ async def site(certs: DevCerts, tmp_path: Path, original: str, isolated: str, **
         speed=SIM_SPEED,
         name="gpu-isolated",
         labels=["isolated"],
-        allowed_images=DIGEST_IMAGES,
+        allowed_images=isolated_images,
     )
     async with running_runner(regular) as a, running_runner(other) as b:
         runners = [f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"]
@@ -101,6 +108,33 @@ async def test_the_same_nccl_failure_on_the_isolated_node_is_reproduced(certs: D
     assert c["verdict"] == "reproduced" and c["differences"] == []
     assert c["original"]["signature"] == c["rerun"]["signature"] and c["rerun"]["phase"] == "gpu_detect"
     assert c["rerun"]["category"] == "nccl_comm"
+
+
+async def test_a_rerun_starts_over_one_stream_and_shows_each_event_once(certs: DevCerts, tmp_path: Path) -> None:
+    seen: list[int] = []
+
+    async def show(event: pb.RunEvent) -> None:
+        seen.append(event.seq)
+
+    async with site(certs, tmp_path, "demo", "demo") as s:
+        original = await _original(s)
+        outcome = await rerun_isolated(s.core, original, "U2", show)
+        stored = [e.seq for e in await s.store.call(Store.events, outcome.run_id)]
+    assert seen == stored and seen == sorted(set(seen)) and seen[0] == 1  # the first event too, once, in order
+    assert outcome.finished.status == pb.RUN_STATUS_COMPLETED
+
+
+async def test_a_rerun_its_runner_refuses_is_recorded_as_an_error(certs: DevCerts, tmp_path: Path) -> None:
+    async with site(certs, tmp_path, "demo", "demo", isolated_images=["registry.local/other:*"]) as s:
+        original = await _original(s)
+        with pytest.raises(Refused) as refused:
+            await rerun_isolated(s.core, original, "U2", _ignore)
+        (link,) = await s.store.call(Store.reruns_of, original)
+        row = await s.store.call(Store.get_run, link.run_id)
+        events = await s.store.call(Store.events, link.run_id)
+    said = str(refused.value)
+    assert "\n" not in said and f"runner {s.isolated} refused the run" in said and "not allowlisted" in said
+    assert row.status == "error" and row.summary == said and events == []
 
 
 async def test_another_failure_first_on_the_isolated_node_is_a_different_failure(
