@@ -1,4 +1,5 @@
-"""What a message says, as structure: blocks of spans (plain, bold, code, a code block, a mention) and fields,
+"""What a message says, as structure: blocks of spans (plain, bold, italic, code, a code block, a mention, a
+channel, a link) and fields,
 built once by bot/blocks.py and rendered twice: to Block Kit mrkdwn for Slack (`mrkdwn_blocks`) and to text for
 the terminal (`lines`). Neither renderer reads the other's output.
 
@@ -17,21 +18,25 @@ from enum import Enum
 from typing import Any
 
 Block = dict[str, Any]
-_MENTION = re.compile(r"<@([UW][A-Z0-9-]{1,20})>")  # how the bot writes a user into a run's text
+_MENTION = re.compile(r"<(@[UW]|#[CGD])([A-Z0-9-]{1,20})>")  # how the bot writes a user or channel into text
 
 
 class Style(Enum):
     PLAIN = "plain"
     BOLD = "bold"
+    ITALIC = "italic"
     CODE = "code"  # inline code
     FENCE = "fence"  # a code block; its lines joined by newlines
     MENTION = "mention"  # a Slack user id
+    CHANNEL = "channel"  # a Slack channel id
+    LINK = "link"  # `text` shown, `target` the URL
 
 
 @dataclass(frozen=True)
 class Span:
     text: str
     style: Style = Style.PLAIN
+    target: str = ""  # a link's URL
 
 
 Text = tuple[Span, ...]
@@ -47,6 +52,10 @@ def bold(text: str) -> Span:
     return Span(text, Style.BOLD)
 
 
+def italic(text: str) -> Span:
+    return Span(text, Style.ITALIC)
+
+
 def code(text: str) -> Span:
     return Span(text, Style.CODE)
 
@@ -59,13 +68,23 @@ def mention(user: str) -> Span:
     return Span(user, Style.MENTION)
 
 
+def channel(channel_id: str) -> Span:
+    return Span(channel_id, Style.CHANNEL)
+
+
+def link(label: str, url: str) -> Span:
+    return Span(label, Style.LINK, url)
+
+
 def mentioning(raw: str) -> Text:
-    """Text the bot wrote user mentions into (`<@U1>`: who cancelled, in the reason the runner echoes) as spans:
-    a mention can only name one person, so it stays one; all else is plain."""
+    """Text the bot wrote user or channel mentions into (`<@U1>`: who cancelled, in the reason the runner echoes;
+    `<#C1>`: where a cluster is operated, in a refusal) as spans: a mention can only name one person or channel,
+    so it stays one; all else is plain."""
     parts: list[Part] = []
     position = 0
     for found in _MENTION.finditer(raw):
-        parts += [raw[position : found.start()], mention(found.group(1))]
+        sigil, name = found.group(1)[0], found.group(1)[1:] + found.group(2)
+        parts += [raw[position : found.start()], mention(name) if sigil == "@" else channel(name)]
         position = found.end()
     return text(*parts, raw[position:])
 
@@ -127,7 +146,7 @@ def clip(raw: str, limit: int) -> str:
     return raw if len(raw) <= limit else raw[: limit - 1] + "…"
 
 
-_MARK = {Style.PLAIN: "", Style.BOLD: "*", Style.CODE: "`"}
+_MARK = {Style.PLAIN: "", Style.BOLD: "*", Style.ITALIC: "_", Style.CODE: "`"}
 
 
 def mrkdwn(body: Text, limit: int = 0) -> str:
@@ -138,6 +157,10 @@ def mrkdwn(body: Text, limit: int = 0) -> str:
             out.append("```" + "\n".join(escaped(line).replace("```", "'''") for line in span.text.split("\n")) + "```")
         elif span.style is Style.MENTION:
             out.append(f"<@{escaped(span.text)}>")
+        elif span.style is Style.CHANNEL:
+            out.append(f"<#{escaped(span.text)}>")
+        elif span.style is Style.LINK:  # `|` would end the URL early: percent-encoded, as in any URL
+            out.append(f"<{escaped(span.target).replace('|', '%7C')}|{escaped(span.text)}>")
         else:
             out.append(_MARK[span.style] + escaped(span.text) + _MARK[span.style])
     rendered = "".join(out)
@@ -169,7 +192,8 @@ def mrkdwn_blocks(items: Iterable[Item]) -> list[Block]:
 
 
 def plain(body: Text) -> str:
-    """Spans as one text: no marks, a mention as `@U1`, a code block's lines as `| ` lines."""
+    """Spans as one text: no marks, a mention as `@U1`, a channel as `#C1`, a link as `label (URL)`, a code block's
+    lines as `| ` lines."""
     return "\n".join(_lines(body))
 
 
@@ -193,5 +217,8 @@ def _lines(body: Text) -> list[str]:
             out += "".join(words).splitlines() + [f"| {line}" for line in span.text.split("\n")]
             words = []
         else:
-            words.append(("@" if span.style is Style.MENTION else "") + span.text)
+            words.append(_PREFIX.get(span.style, "") + span.text + (f" ({span.target})" if span.target else ""))
     return out + "".join(words).splitlines()
+
+
+_PREFIX = {Style.MENTION: "@", Style.CHANNEL: "#"}

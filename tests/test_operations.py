@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-from bot import cli
+from bot import cli, rich
 from bot.operations import BOTH, CLI, OPERATIONS, SLACK, Operation, RegistryError, check_handled, on
 from bot.slack import commands as slack
 from bot.slack.handlers import HANDLERS, handles
@@ -83,7 +83,7 @@ def test_start_takes_profile_and_image_on_both_surfaces() -> None:
 def test_help_on_both_surfaces_comes_from_the_registry() -> None:
     listed = {a.dest: a.help for a in _sub(cli.build_parser())._choices_actions}
     assert listed == {op.name: op.help(CLI) for op in on(CLI).values()}
-    lines = slack.help_text("/k3repro").splitlines()
+    lines = rich.mrkdwn(slack.help_text("/k3repro")).splitlines()
     assert lines == [f"`/k3repro {op.usage()}` — {op.help(SLACK)}" for op in on(SLACK).values()]
     for op in SHARED:  # one summary, each surface adding only what it answers with
         assert str(listed[op.name]).startswith(op.summary)

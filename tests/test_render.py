@@ -147,3 +147,20 @@ def test_the_terminal_prints_a_runs_text_as_it_was_where_slack_gets_it_escaped()
         "*h *x* &lt;b&gt;*\n```'''x''' &amp;\nbar\r50%```",
         "cancelled by <@U1>, not &lt;!channel&gt;",
     ]
+
+
+def test_a_link_a_channel_and_a_refusal_render_for_each_surface_and_cannot_break_out() -> None:
+    said = [
+        rich.Section(rich.text(rich.link("thread in #C1 <!here>", "https://t.slack.com/archives/C1/p1|x>y"))),
+        rich.Section(rich.mentioning("only from <#C-OPS>, by <@U-OPS>; <#not a channel> <!channel>")),
+        rich.Context(rich.text(rich.italic("shown to operators"))),
+    ]
+    assert rich.lines(said) == [
+        "thread in #C1 <!here> (https://t.slack.com/archives/C1/p1|x>y)",
+        "only from #C-OPS, by @U-OPS; <#not a channel> <!channel>",
+        "shown to operators",
+    ]
+    slack = rich.mrkdwn_blocks(said)
+    assert slack[0]["text"]["text"] == "<https://t.slack.com/archives/C1/p1%7Cx&gt;y|thread in #C1 &lt;!here&gt;>"
+    assert slack[1]["text"]["text"] == "only from <#C-OPS>, by <@U-OPS>; &lt;#not a channel&gt; &lt;!channel&gt;"
+    assert slack[2]["elements"][0]["text"] == "_shown to operators_"

@@ -10,6 +10,7 @@ import html
 import shlex
 from dataclasses import dataclass
 
+from bot import rich
 from bot.operations import SLACK, Operation, on
 
 MAX_TEXT = 1000
@@ -97,6 +98,9 @@ def _arguments(operation: Operation, tail: str) -> dict[str, str]:
     return args
 
 
-def help_text(command: str) -> str:
-    lines = [f"`{command} {operation.usage()}` — {operation.help(SLACK)}" for operation in OPERATIONS.values()]
-    return "\n".join(lines)
+def help_text(command: str) -> rich.Text:
+    lines = [
+        rich.text(rich.code(f"{command} {operation.usage()}"), f" — {operation.help(SLACK)}")
+        for operation in OPERATIONS.values()
+    ]
+    return rich.joined(lines)

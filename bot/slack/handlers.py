@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from bot import rich
 from bot.answers import cancelled, noted, runner_line
-from bot.blocks import ACTION_CANCEL, ACTION_MINIMIZE, ACTION_RERUN, MAX_SECTION
+from bot.blocks import ACTION_CANCEL, ACTION_MINIMIZE, ACTION_RERUN, MAX_MESSAGE, MAX_SECTION
 from bot.config import ClusterConfig
 from bot.coordinator import Coordinator
 from bot.minimize import start_minimize
@@ -36,7 +36,7 @@ from kernel.toml_reader import ConfigError
 log = logging.getLogger("k3repro.slack")
 
 Ack = Callable[..., Awaitable[None]]
-Work = Callable[..., Awaitable[str]]  # (handlers, request, **the command's arguments) -> the answer, or ""
+Work = Callable[..., Awaitable[rich.Text]]  # (handlers, request, **the command's arguments) -> the answer, or ()
 HANDLERS: dict[str, Work] = {}  # operation name -> its handler, filled by @handles
 
 
@@ -100,14 +100,13 @@ class Handlers:
                 return await self._ack(ack, command.name, await HANDLERS[command.name](self, request, **command.args))
             self._precheck(command, body)
         except (CommandError, Refused) as exc:
-            return await self._ack(ack, "refused", f"⛔ {exc}")
-        await self._ack(
-            ack, "accepted", f"⏳ starting a run on {command.args['cluster']}…" if command.name == "start" else None
-        )
+            return await self._ack(ack, "refused", refusal(exc))
+        starting = rich.text(f"⏳ starting a run on {command.args['cluster']}…") if command.name == "start" else ()
+        await self._ack(ack, "accepted", starting)
         self.tasks.spawn(self._handle(request), name=f"slack {command.name} {request.id}")
 
     async def on_action(self, ack: Ack, body: dict[str, Any]) -> None:
-        await self._ack(ack, "action", None)
+        await self._ack(ack, "action", ())
         action = (body.get("actions") or [{}])[0]
         request = Request(
             str(body.get("trigger_id") or action.get("action_ts", "")),
@@ -121,9 +120,9 @@ class Handlers:
         )
         self.tasks.spawn(self._handle(request), name=f"slack button {request.command.name} {request.id}")
 
-    async def _ack(self, ack: Ack, answer: str, text: str | None) -> None:
+    async def _ack(self, ack: Ack, answer: str, body: rich.Text) -> None:
         self.metrics.inc("k3repro_slack_requests_total", answer=answer)
-        await (ack(text=text, response_type="ephemeral") if text else ack())
+        await (ack(text=rich.mrkdwn(body, MAX_MESSAGE), response_type="ephemeral") if body else ack())
 
     def _precheck(self, command: Command, body: dict[str, Any]) -> None:
         """The checks the config alone decides: a known cluster; for changes, its channel and its operators."""
@@ -146,16 +145,20 @@ class Handlers:
         try:
             answer = await work(self, request, **request.command.args)
         except (Refused, RunNotFound) as exc:
-            answer = f"⛔ {exc}"
+            answer = refusal(exc)
         except Exception:
             reference = uuid.uuid4().hex[:12]
             log.exception("request %s (%s) failed; reference %s", request.id, request.command.name, reference)
-            answer = f"⚠️ that failed inside the bot (reference `{reference}` in its log); nothing else was changed"
+            answer = rich.text(
+                "⚠️ that failed inside the bot (reference ",
+                rich.code(reference),
+                " in its log); nothing else was changed",
+            )
         if answer:
             await self._ephemeral(request, answer)
 
-    async def _ephemeral(self, request: Request, text: str) -> None:
-        args = {"channel": request.channel, "user": request.user, "text": text}
+    async def _ephemeral(self, request: Request, answer: rich.Text) -> None:
+        args = {"channel": request.channel, "user": request.user, "text": rich.mrkdwn(answer, MAX_MESSAGE)}
         await self.outbox.put(Write(f"ephemeral:{request.id}", "chat.postEphemeral", args))
 
     async def _operator(self, request: Request, cluster_name: str) -> ClusterConfig:
@@ -165,7 +168,7 @@ class Handlers:
         return cluster
 
     @handles("start")
-    async def _start(self, request: Request, cluster: str, profile: str = "", image: str = "") -> str:
+    async def _start(self, request: Request, cluster: str, profile: str = "", image: str = "") -> rich.Text:
         await self._operator(request, cluster)
         try:
             started = await self.core.start(
@@ -175,9 +178,10 @@ class Handlers:
             active = await self.store.call(Store.active_run, cluster)
             if active is None:
                 raise
-            return f"⛔ {cluster} already has an active run, `{active.id}`: {await self._link(active.id)}"
+            already = rich.text(f"⛔ {cluster} already has an active run, ", rich.code(active.id), ": ")
+            return already + await self._link(active.id)
         await self.threads.open(started, request.channel, request.team_domain)
-        return ""
+        return ()
 
     async def _readable(self, request: Request) -> tuple[str, ...]:
         """The clusters `status` and `runs` answer about here (Access.readable_clusters); none is a refusal."""
@@ -190,7 +194,7 @@ class Handlers:
         return clusters
 
     @handles("status")
-    async def _status(self, request: Request, run: str = "") -> str:
+    async def _status(self, request: Request, run: str = "") -> rich.Text:
         clusters = await self._readable(request)
         if run:
             found = await self.store.call(Store.get_run, run, clusters)
@@ -198,100 +202,111 @@ class Handlers:
         else:
             rows = [row for row in await self.store.call(Store.active_runs) if row.cluster in clusters]
             if not rows:
-                return "no run is active; `/k3repro runs` lists the latest"
+                return rich.text("no run is active; ", rich.code(f"{self.slash} runs"), " lists the latest")
         # a run whose follower died (a terminal's start killed mid-run) is read from its runner, not left active
         rows = [await self.core.settle(row) for row in rows]
-        return "\n".join([await self._run_line(row) for row in rows])
+        return rich.joined([await self._run_line(row) for row in rows])
 
     @handles("runs")
-    async def _runs(self, request: Request) -> str:
+    async def _runs(self, request: Request) -> rich.Text:
         clusters = await self._readable(request)
         rows = [await self.core.settle(row) for row in await self.store.call(Store.runs, 10, (), clusters)]
-        return "\n".join([await self._run_line(row) for row in rows]) or "no runs yet"
+        return rich.joined([await self._run_line(row) for row in rows]) or rich.text("no runs yet")
 
     @handles("cancel")
-    async def _cancel(self, request: Request, run: str) -> str:
+    async def _cancel(self, request: Request, run: str) -> rich.Text:
         found = await self.store.call(Store.get_run, run)
         await self._operator(request, found.cluster)
         result = await self.core.cancel(found.id, request.user, "slack", place=request.channel, by=f"<@{request.user}>")
-        return rich.mrkdwn(cancelled(result))
+        return cancelled(result)
 
     @handles("rerun")
-    async def _rerun(self, request: Request, run: str, where: str) -> str:
+    async def _rerun(self, request: Request, run: str, where: str) -> rich.Text:
         """Launches the cluster's configured command (bot/rerun.py, configured_launch), which the answer shows."""
         found = await self.store.call(Store.get_run, run)
         cluster = await self._operator(request, found.cluster)
         answer = await self.threads.rerun(found.id, request.user, request.channel)
-        return f"{answer}\nit launches: {_inline(command_line(cluster.launch_argv))}"
+        return answer + rich.text("\nit launches: ", _launches(cluster.launch_argv))
 
     @handles("minimize")
-    async def _minimize(self, request: Request, run: str) -> str:
+    async def _minimize(self, request: Request, run: str) -> rich.Text:
         """A run of its own, with its own card and thread; the original's thread is told where it went."""
         found = await self.store.call(Store.get_run, run)
         await self._operator(request, found.cluster)
         started = await start_minimize(self.core, found.id, request.user, via="slack", place=request.channel)
         await self.threads.open(started, request.channel, request.team_domain)
-        launches = command_line(started.request.launch_argv).replace("`", "'")
         note = rich.text("🔬 minimize run ", rich.code(started.run_id), " started by ", rich.mention(request.user))
-        note += rich.text(
-            ": its own thread has the search\nit launches: ", rich.code(clip(launches, MAX_SECTION - 200))
-        )
+        note += rich.text(": its own thread has the search\nit launches: ", _launches(started.request.launch_argv))
         await self.threads.note_in_thread(found.id, request.channel, note, f"minimize:{started.run_id}")
-        return ""
+        return ()
 
     @handles("runners")
-    async def _runners(self, request: Request, cluster: str = "") -> str:
+    async def _runners(self, request: Request, cluster: str = "") -> rich.Text:
         """Each runner for anyone; where it listens only for the cluster's operators (answers.runner_line)."""
         states = await self.core.runners(cluster or None)
         operates = {name: await self.access.is_operator(self.access.cluster(name), request.user) for name, _ in states}
-        lines = [rich.mrkdwn(runner_line(name, state, private=operates[name])) for name, state in states]
+        lines = [runner_line(name, state, private=operates[name]) for name, state in states]
         if lines and not all(operates.values()):
-            lines.append("_addresses are shown to the cluster's operators_")
-        return "\n".join(lines) or "no runners configured"
+            lines.append(rich.text(rich.italic("addresses are shown to the cluster's operators")))
+        return rich.joined(lines) or rich.text("no runners configured")
 
     @handles("baseline")
-    async def _baseline(self, request: Request, profile: str = "") -> str:
+    async def _baseline(self, request: Request, profile: str = "") -> rich.Text:
         profiles = sorted({c.profile for c in self.core.config.clusters.values() if c.profile})
         name = profile or (profiles[0] if len(profiles) == 1 else "")
         if not name:
-            return f"which profile? `baseline PROFILE`; the clusters use: {', '.join(profiles) or 'none'}"
+            return rich.text(
+                "which profile? ", rich.code("baseline PROFILE"), f"; the clusters use: {', '.join(profiles) or 'none'}"
+            )
         try:
             baseline = load_baseline(name)
         except ConfigError as exc:
             raise Refused(str(exc)) from None
-        rules = [f"• `{rule.id}` ({rule.severity}) {rule.description}" for rule in baseline.rules]
-        head = f"*baseline {baseline.name}* — {baseline.description}".rstrip(" —")
-        return clip("\n".join([head, *rules, "_every run checks it in its `baseline` stage_"]), MAX_SECTION)
+        rules = [
+            rich.text("• ", rich.code(rule.id), f" ({rule.severity}) {rule.description}") for rule in baseline.rules
+        ]
+        head = rich.text(
+            rich.bold(f"baseline {baseline.name}"), f" — {baseline.description}" if baseline.description else ""
+        )
+        return rich.joined([head, *rules, rich.text(rich.italic("every run checks it in its baseline stage"))])
 
     @handles("note")
-    async def _note(self, request: Request, cluster: str, text: str) -> str:
+    async def _note(self, request: Request, cluster: str, text: str) -> rich.Text:
         await self._operator(request, cluster)
         change = await self.core.note(cluster, text, request.user, "slack", place=request.channel)
-        return rich.mrkdwn(noted(change))
+        return noted(change)
 
     @handles("help")
-    async def _help(self, request: Request) -> str:
+    async def _help(self, request: Request) -> rich.Text:
         return help_text(self.slash)
 
-    async def _run_line(self, run: Run) -> str:
+    async def _run_line(self, run: Run) -> rich.Text:
         decision = f" · {run.decision}" if run.decision else ""
-        return f"• `{run.id}` {run.cluster} · {run.status}{decision} · {await self._link(run.id)}"
+        return rich.text("• ", rich.code(run.id), f" {run.cluster} · {run.status}{decision} · ") + await self._link(
+            run.id
+        )
 
-    async def _link(self, run_id: str) -> str:
+    async def _link(self, run_id: str) -> rich.Text:
         thread = await self.store.call(Store.thread, run_id)
         if thread is None:
-            return "started from the terminal"
+            return rich.text("started from the terminal")
         if not thread.parent_ts:
-            return f"thread in <#{thread.channel}> (being posted)"
+            return rich.text("thread in ", rich.channel(thread.channel), " (being posted)")
         ts = thread.parent_ts.replace(".", "")
-        domain = thread.team_domain
-        url = f"https://{domain}.slack.com/archives/{thread.channel}/p{ts}" if domain else ""
-        return f"<{url}|thread in #{thread.channel}>" if url else f"thread <#{thread.channel}> ts {thread.parent_ts}"
+        if thread.team_domain:
+            url = f"https://{thread.team_domain}.slack.com/archives/{thread.channel}/p{ts}"
+            return rich.text(rich.link(f"thread in #{thread.channel}", url))
+        return rich.text("thread ", rich.channel(thread.channel), f" ts {thread.parent_ts}")
 
 
 check_handled(SLACK, HANDLERS)
 
 
-def _inline(command: str) -> str:
-    """A (redacted) command as mrkdwn inline code."""
-    return "`" + clip(command.replace("`", "'"), MAX_SECTION - 200) + "`"
+def refusal(exc: Exception) -> rich.Text:
+    """A refusal in one line; a person the bot named in it (`<@U1>`) stays a mention, all else is shown as written."""
+    return rich.text("⛔ ", *rich.mentioning(str(exc)))
+
+
+def _launches(argv: Sequence[str]) -> rich.Span:
+    """A launch command, redacted, as inline code short enough for a section."""
+    return rich.code(clip(command_line(argv).replace("`", "'"), MAX_SECTION - 200))

@@ -115,7 +115,7 @@ class Threads:
         card = blocks.card(view)
         return blocks.confirm_launches(card, view.cluster, command_line(cluster.launch_argv)) if cluster else card
 
-    async def rerun(self, run_id: str, user: str, channel: str) -> str:
+    async def rerun(self, run_id: str, user: str, channel: str) -> rich.Text:
         """Starts an isolated rerun of a run; its start, then its verdict and environment differences, go to
         the ORIGINAL run's thread. A refusal (nothing started) is raised to the caller, as Refused."""
         placed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -146,7 +146,9 @@ class Threads:
 
         self._tasks.spawn(work(), name=f"rerun of {run_id}")
         rerun_id = await placed
-        return f"🧪 isolated rerun `{rerun_id}` started; its verdict goes to the thread of `{run_id}`"
+        return rich.text(
+            "🧪 isolated rerun ", rich.code(rerun_id), " started; its verdict goes to the thread of ", rich.code(run_id)
+        )
 
     async def _poster(self, run_id: str, channel: str) -> Post:
         """Posts into run_id's thread (or, without one, to `channel`); keys make a repeated post a no-op."""
