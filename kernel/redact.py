@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from kernel.toml_reader import packaged
+from kernel.toml_reader import TomlReader, packaged
 
 KEY_ENV = "K3REPRO_REDACTION_KEY"
 PLACEHOLDER = re.compile(r"\[REDACTED:[0-9a-f]{8}\]")
@@ -218,10 +218,15 @@ def redactor() -> Redactor:
     rules = packaged("redaction.toml")
     key = os.environ.get(KEY_ENV, "").encode() or os.urandom(32)
     return Redactor(
-        env_names=re.compile("|".join(rules.texts("env_name_patterns", required=True)), re.IGNORECASE),
+        env_names=_joined(rules, "env_name_patterns", re.IGNORECASE),
         secret_flags=frozenset(rules.texts("secret_flags", required=True)),
-        text=tuple(re.compile(p) for p in rules.texts("text_patterns", required=True)),
+        text=tuple(rules.regexes("text_patterns", required=True)),
         key=key,
-        flag_names=re.compile("|".join(rules.texts("secret_flag_patterns", required=True))),
-        secret_keys=re.compile("|".join(rules.texts("secret_key_patterns", required=True))),
+        flag_names=_joined(rules, "secret_flag_patterns"),
+        secret_keys=_joined(rules, "secret_key_patterns"),
     )
+
+
+def _joined(rules: TomlReader, key: str, flags: int = 0) -> re.Pattern[str]:
+    """The patterns of `key` as one alternation, compiled (and checked) by the reader."""
+    return rules.compile("|".join(rules.texts(key, required=True)), key, flags)

@@ -16,6 +16,9 @@ class ConfigError(ValueError):
 
 
 _REQUIRED = object()
+# A possessive quantifier on a group (`(?:a|b)*+`): CPython 3.11.2 (Debian bookworm's) fails to match some such
+# patterns that later 3.11 releases match. An atomic group around a greedy one, `(?>(?:a|b)*)`, means the same.
+_POSSESSIVE_GROUP = re.compile(r"(?<!\\)\)(?:[*+?]|\{\d*,?\d*\})\+")
 _T = TypeVar("_T")
 
 
@@ -135,14 +138,21 @@ class TomlReader:
         self.read.add(key)
         return self.regex(key) if key in self.data else None
 
-    def regexes(self, key: str) -> list[re.Pattern[str]]:
-        """A list of regular expressions (absent: none), each named by its index when it does not compile."""
-        return [self.compile(pattern, f"{key}[{i}]") for i, pattern in enumerate(self.texts(key))]
+    def regexes(self, key: str, *, required: bool = False) -> list[re.Pattern[str]]:
+        """A list of regular expressions (absent: none, unless `required`), each named by its index when it does
+        not compile."""
+        return [self.compile(pattern, f"{key}[{i}]") for i, pattern in enumerate(self.texts(key, required=required))]
 
-    def compile(self, pattern: str, key: str) -> re.Pattern[str]:
-        """`pattern`, the value of `key`, compiled; a bad one is this table's error."""
+    def compile(self, pattern: str, key: str, flags: int = 0) -> re.Pattern[str]:
+        """`pattern`, the value of `key`, compiled; a bad one, or one that matches otherwise on some Python 3.11
+        this runs on, is this table's error."""
+        if found := _POSSESSIVE_GROUP.search(pattern):
+            raise self.fail(
+                f"{key!r} puts a possessive quantifier on a group ({pattern[max(0, found.start() - 20) : found.end()]!r}),"
+                " which CPython 3.11.2 can fail to match: write an atomic group around a greedy one, (?>(?:…)*)"
+            )
         try:
-            return re.compile(pattern)
+            return re.compile(pattern, flags)
         except re.error as exc:
             raise self.fail(f"{key!r} is not a regular expression ({exc}): {pattern!r}") from None
 

@@ -166,3 +166,22 @@ def test_a_sim_catalog_error_with_a_wrong_type_is_named(monkeypatch: pytest.Monk
     data["error"][key]["only"] = "moe"
     problem = sim_refusal(monkeypatch, catalog, catalog.catalog, "errors.toml", data)
     assert problem == f"vllm_sim/data/errors.toml [error] [{key}]: 'only' must be a list of strings, got 'moe'"
+
+
+@pytest.mark.parametrize("quantifier", ["*+", "++", "?+", "{2,}+"])
+def test_a_possessive_quantifier_on_a_group_is_refused_with_what_means_the_same(
+    monkeypatch: pytest.MonkeyPatch, quantifier: str
+) -> None:
+    """CPython 3.11.2 (Debian bookworm's) fails to match `(?:a|"b")*+c` patterns that 3.11.7 matches: a rule
+    written so would read logs otherwise on some hosts. The reader refuses it, naming the atomic form."""
+    from kernel import redact
+
+    data = shipped("redaction.toml")
+    data["text_patterns"] = [*data["text_patterns"], f"(?:key=(?:x|y) ){quantifier}secret=(?P<secret>\\w+)"]
+    said = refusal(monkeypatch, redact, redact.redactor, "redaction.toml", data)
+    assert (
+        said.startswith("kernel/data/redaction.toml: ") and f"'text_patterns[{len(data['text_patterns']) - 1}]'" in said
+    )
+    assert "possessive quantifier on a group" in said and "(?>(?:…)*)" in said and "\n" not in said
+    reader = TomlReader({"p": r"\)*+ [a-z]++ (?>(?:a|b)*)"}, "f.toml")
+    assert reader.regex("p").pattern.endswith("*)")  # a quantified literal paren, a class, an atomic group: fine

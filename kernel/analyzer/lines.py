@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from kernel.analyzer.rules import LineSyntax
 
 # A quoted value up to its closing quote (escaped quotes and backslashes inside), and one escape in it.
-_QUOTED_VALUE = re.compile(r'(?:[^"\\]|\\.)*+')
+_QUOTED_VALUE = re.compile(r'(?>(?:[^"\\]|\\.)*)')  # atomic, not `*+`: see kernel/toml_reader.py
 _ESCAPE = re.compile(r'\\(["\\])')
 # The end of a log header (`[core.py:866]`), and a colour code (real, or pasted as caret text) at the end of a text:
 # what a joined line's start may follow.
