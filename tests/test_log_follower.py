@@ -93,6 +93,21 @@ async def test_a_failed_answer_the_server_survived_settles_its_traceback_at_once
     await follower.drain(2)
 
 
+async def test_a_traceback_the_log_ended_on_is_the_first_error_not_a_hang() -> None:
+    """The engine printed a traceback the analyzer still holds open (no later line ended it) and then fell
+    silent: when the silence reaches the stall limit before the quiet settle, the traceback is the finding."""
+    follower, engine = await _follow(f"import time; print('\\n'.join({TRACEBACK!r}), flush=True); time.sleep(10)")
+    deadline = time.monotonic() + 5
+    while follower.lines_read < len(TRACEBACK) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert follower.lines_read == len(TRACEBACK) and not follower.first_error.done()  # held open, not settled yet
+    assert follower.analyzer.stalled(now=1e9, threshold_s=1.0) is not None  # the analyzer alone sees only silence
+    assert await follower.stalled(now=1e9, threshold_s=1.0) is None
+    assert follower.first_error.done() and follower.first_error.result().line == TRACEBACK[-1]
+    await engine.stop(1)
+    await follower.drain(2)
+
+
 async def test_a_stop_cancelled_during_its_grace_still_kills_the_group() -> None:
     """A run cancelled while its engine is being stopped must not leave the engine (or its children) alive."""
     _, engine = await _follow(

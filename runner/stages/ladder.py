@@ -245,7 +245,8 @@ async def _probe(ctx: RunContext, spec: LadderSpec, step: StepSpec, relaunched: 
         if step.probe == "repeated_prefix":
             return await _repeated_prefix(ctx, spec, step, http, relaunched)
         bodies = await _bodies(ctx, step, http)
-        results = await asyncio.gather(*(probes.send(http, ctx, body, n) for n, body in enumerate(bodies, 1)))
+        before = await probes.gpu_memory_in_use(ctx) if len(bodies) > 1 else None
+        results = await asyncio.gather(*(probes.send(http, ctx, body, n, before) for n, body in enumerate(bodies, 1)))
     for result in results:
         await ctx.emit(request_result=result)
     failed = next((r for r in results if r.http_status != 200 and not probes.refused_as_invalid(r)), None)

@@ -213,9 +213,7 @@ async def _until_ready(ctx: RunContext, follower: LogFollower) -> tuple[bool, st
                     f"engine exited with code {code} before the API answered; last line: {last}",
                     Attempt(phase, "other", f"exit {code} in {phase}"),
                 )
-            stall = (
-                follower.analyzer.stalled(clock.now(), clock.limit(engine_config.stall_timeout_s)) if begun else None
-            )
+            stall = await follower.stalled(clock.now(), clock.limit(engine_config.stall_timeout_s)) if begun else None
             if stall is not None:  # where each process waits, dumped while it still waits (before the stop)
                 hang = await follower.hang(stall, await stalled_stacks(ctx, ctx.session.engine, follower.source))
                 return False, f"failed in {hang.phase} ({hang.category}): {hang.line}", None

@@ -178,6 +178,16 @@ class LogFollower:
         for finding in self.analyzer.settle():
             await self._found(finding)
 
+    async def stalled(self, now: float, threshold_s: float) -> Stall | None:
+        """A hang (StreamAnalyzer.stalled), once what the analyzer still holds open is settled: a traceback that was
+        the log's last line before the silence is the launch's first error, not the silence after it."""
+        stall = self.analyzer.stalled(now, threshold_s)
+        if stall is None:
+            return None
+        for finding in self.analyzer.settle():
+            await self._found(finding)
+        return None if self.first_error.done() else stall
+
     async def hang(self, stall: Stall, stacks: list[str] | None = None) -> ErrorFinding:
         """Reports a hang as this launch's first error (no progress is itself the finding), with `stacks`: where
         the engine's processes waited (runner/stacks/collect.py), when they were dumped."""

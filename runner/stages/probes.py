@@ -132,11 +132,14 @@ async def sized_body(
     return with_text(ctx, f"{filler(words, seed)} {tail}".strip())
 
 
-async def send(http: aiohttp.ClientSession, ctx: RunContext, body: dict[str, Any], attempt: int) -> pb.RequestResult:
+async def send(
+    http: aiohttp.ClientSession, ctx: RunContext, body: dict[str, Any], attempt: int, before_mib: int | None = None
+) -> pb.RequestResult:
     """One request; whatever happens becomes a RequestResult (status 0 when nothing answered), with the GPU
-    memory in use before and after it and the warnings the engine logged meanwhile."""
+    memory in use before and after it and the warnings the engine logged meanwhile. `before_mib`: the memory
+    read once before requests sent together, so that no read stands between them and they leave at once."""
     result = pb.RequestResult(attempt=attempt, max_tokens=int(body.get("max_tokens") or 0))
-    result.gpu_memory_before_mib = await gpu_memory_in_use(ctx)
+    result.gpu_memory_before_mib = await gpu_memory_in_use(ctx) if before_mib is None else before_mib
     session = ctx.session
     logged = len(session.follower.warnings) if session.follower is not None else 0
     path = API_PATHS[api(ctx)]
