@@ -72,14 +72,14 @@ lint: setup
 	$(BIN)/mypy
 
 # Every tier, in two passes: the unit and sim tiers on two workers (they wait on loopback more than they compute),
-# then the daemons (one private dockerd, one single-node Slurm) and real-vLLM tiers on two workers, each worker one
-# serial stream (`--dist loadgroup`, the streams given by tests/conftest.py): half the real-vLLM tests on one, the
-# daemons tests then the other half on the other, never more than two vLLM CPU servers at once (a launch is three
-# processes importing vLLM one after the other, one core each). Together the passes select every test
-# (tests/test_tiers.py checks the markers).
+# then the daemons (one private dockerd, one single-node Slurm) and real-vLLM tiers on three workers, each worker one
+# serial stream (`--dist loadgroup`, the streams given by tests/conftest.py): about a third of the real-vLLM tests
+# on each, the daemons tests on the third, never more than three vLLM CPU servers at once (a launch is three
+# processes importing vLLM one after the other, one core each, and waits between: three streams fill the waits).
+# Together the passes select every test (tests/test_tiers.py checks the markers).
 test: lint
 	K3REPRO_VLLM_PYTHON=$(VLLM_PYTHON) $(BIN)/pytest -m "unit or sim" -n $(CHECK_WORKERS) -p no:cacheprovider
-	K3REPRO_VLLM_PYTHON=$(VLLM_PYTHON) $(BIN)/pytest -m "daemons or real_vllm" -n 2 --dist loadgroup -p no:cacheprovider
+	K3REPRO_VLLM_PYTHON=$(VLLM_PYTHON) $(BIN)/pytest -m "daemons or real_vllm" -n 3 --dist loadgroup -p no:cacheprovider
 
 # The inner loop, a minute or two: ruff and the unit tier (no daemon, server, subprocess or network; the tiers are
 # in tests/conftest.py), two workers. `make test` stays what CI runs: every tier.

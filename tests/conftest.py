@@ -14,10 +14,10 @@ from kernel.tls import DevCerts, write_dev_certs
 from tests.dockerd import Dockerd, running_dockerd
 from tests.real_vllm_method import real_run
 from tests.slack_api import SlackApi
-from tests.vllm_cpu import vllm_env, vllm_models
+from tests.vllm_cpu import vllm_caches, vllm_env, vllm_models
 
 # Fixtures defined once here for every module: a session fixture imported by several modules is one per module.
-__all__ = ["real_run", "vllm_env", "vllm_models"]
+__all__ = ["real_run", "vllm_caches", "vllm_env", "vllm_models"]
 
 
 @pytest.fixture(scope="session")
@@ -202,14 +202,21 @@ def tier_of(item: pytest.Item) -> str | None:
 
 
 UNTIERED = pytest.StashKey[list[str]]()  # this session's tests with no tier or more than one, before any -m
-# `make test`'s second pass runs these tiers on two workers with `--dist loadgroup`, each worker one serial stream
+# `make test`'s second pass runs these tiers on three workers with `--dist loadgroup`, each worker one serial stream
 # (TierGroups). A vLLM CPU launch is three Python processes that import torch and vLLM one after the other, one core
-# each, so two vLLM servers at once keep both cores busy where one left a core idle: the first stream runs the
-# real-vLLM modules of FIRST_STREAM, the second the daemons tier (one private dockerd and one Slurm at a time, as in
-# a serial run) and then the other real-vLLM modules. Never more than two vLLM servers at once. The scheduler sees
-# node ids only, so a test of these tiers must be in a module whose TIERS row is its tier (tests/test_tiers.py).
+# each, and a launch waits too (a stall limit, an error's moment, a stop's grace): three streams on the two cores
+# fill the waits that two left idle. STREAMS gives each real-vLLM module its stream, about a third of the tier's time
+# each; the daemons tier (one private dockerd and one Slurm at a time, as in a serial run) and the modules not named
+# run in the third. Never more than three vLLM servers at once. The scheduler sees node ids only, so a test of these
+# tiers must be in a module whose TIERS row is its tier (tests/test_tiers.py).
 SERIAL_TIERS = ("daemons", "real_vllm")
-FIRST_STREAM = ("test_real_vllm_healthy", "test_real_vllm_kv_cache")
+STREAMS = {
+    "test_real_vllm_kv_cache": "kv-cache stream",
+    "test_real_vllm_caches": "kv-cache stream",
+    "test_sim_secret_args": "kv-cache stream",
+    "test_real_vllm": "method stream",
+    "test_real_vllm_stacks": "method stream",
+}
 ELSEWHERE = pytest.StashKey[list[str]]()  # this session's tests of a serial tier in a module of another row
 
 
@@ -236,7 +243,7 @@ class TierGroups(LoadGroupScheduling):  # type: ignore[misc]
         module = Path(nodeid.split("::", 1)[0]).stem
         if TIERS.get(module) not in SERIAL_TIERS:
             return super()._split_scope(nodeid)
-        return "first stream" if module in FIRST_STREAM else "second stream"
+        return STREAMS.get(module, "daemons stream")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> LoadGroupScheduling | None:

@@ -42,7 +42,10 @@ class FinishedRun:
 
 @pytest.fixture(scope="module")
 def kv_cache_run(
-    certs: DevCerts, tmp_path_factory: pytest.TempPathFactory, vllm_models: dict[str, Path]
+    certs: DevCerts,
+    tmp_path_factory: pytest.TempPathFactory,
+    vllm_models: dict[str, Path],
+    vllm_caches: dict[str, str],
 ) -> FinishedRun:
     """The KV-cache-too-small deployment run once (six launches): one test reads its findings, another minimizes
     it from the same store."""
@@ -50,7 +53,7 @@ def kv_cache_run(
     launch = launch_line(vllm_models["llama-4k"], *KV_CACHE_FLAGS)
     settings = runner_settings(folder / "runner", certs)
     with pytest.MonkeyPatch.context() as patch:
-        for key, value in ENV.items():
+        for key, value in {**ENV, **vllm_caches}.items():
             patch.setenv(key, value)
         events = asyncio.run(run_to_end(certs, folder, settings, image=IMAGE, launch=launch, request=REQUEST))
     return FinishedRun(folder, launch, events, run_report("run", events))

@@ -197,14 +197,16 @@ def _healthy(url: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def both(tmp_path_factory: pytest.TempPathFactory, vllm_models: dict[str, Path]) -> Iterator[dict[str, Served]]:
+def both(
+    tmp_path_factory: pytest.TempPathFactory, vllm_models: dict[str, Path], vllm_caches: dict[str, str]
+) -> Iterator[dict[str, Served]]:
     """The deployment on real vLLM CPU and on vllm-sim: one start each for the whole module."""
     tmp = tmp_path_factory.mktemp("sim-vs-real")
     model = vllm_models["llama-4k"]
     port = free_port(HOST)
     real = _serve(
         serve_argv(model, *FLAGS, "--host", HOST, "--port", str(port)),
-        {**os.environ, **ENV},
+        {**os.environ, **ENV, **vllm_caches},
         tmp,
         "real",
         port,

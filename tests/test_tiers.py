@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ELSEWHERE, FIRST_STREAM, TIER_FIXTURES, TIER_NAMES, TIER_OVERRIDES, TIERS, UNTIERED
+from tests.conftest import ELSEWHERE, STREAMS, TIER_FIXTURES, TIER_NAMES, TIER_OVERRIDES, TIERS, UNTIERED
 
 TESTS = Path(__file__).parent
 
@@ -20,7 +20,7 @@ def test_every_test_module_has_a_tier_and_every_row_a_module() -> None:
     assert sorted(TIERS.keys() - modules) == [], "these rows of TIERS (tests/conftest.py) name no module"
     assert {*TIERS.values(), *TIER_OVERRIDES.values(), *TIER_FIXTURES.values()} <= set(TIER_NAMES)
     assert all(key.split("::")[0] in modules for key in TIER_OVERRIDES)
-    assert {TIERS.get(module) for module in FIRST_STREAM} == {"real_vllm"}  # the first stream's modules exist
+    assert {TIERS.get(module) for module in STREAMS} == {"real_vllm"}  # the streams' modules exist
 
 
 def test_every_test_this_session_collected_has_exactly_one_tier(request: pytest.FixtureRequest) -> None:

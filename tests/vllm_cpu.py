@@ -78,9 +78,19 @@ def vllm_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return make_models(tmp_path_factory.mktemp("vllm-models"))
 
 
+@pytest.fixture(scope="session")
+def vllm_caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """vLLM's and Inductor's caches for this session (each worker's own): launches share what they compiled and
+    inspected, as on a host, and nothing is read from or left in this machine's home. A fresh machine (CI) starts
+    with none, so a run here costs what it costs there."""
+    root = tmp_path_factory.mktemp("vllm-caches")
+    return {"VLLM_CACHE_ROOT": str(root / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor")}
+
+
 @pytest.fixture
-def vllm_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+def vllm_env(monkeypatch: pytest.MonkeyPatch, vllm_caches: dict[str, str]) -> dict[str, str]:
     """The runner passes its environment to the engines it launches: set what vLLM CPU needs."""
-    for key, value in ENV.items():
+    env = {**ENV, **vllm_caches}
+    for key, value in env.items():
         monkeypatch.setenv(key, value)
-    return dict(ENV)
+    return env
