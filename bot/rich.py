@@ -146,7 +146,7 @@ def clip(raw: str, limit: int) -> str:
     return raw if len(raw) <= limit else raw[: limit - 1] + "…"
 
 
-_MARK = {Style.PLAIN: "", Style.BOLD: "*", Style.ITALIC: "_", Style.CODE: "`"}
+_MARK = {Style.PLAIN: "", Style.BOLD: "*", Style.ITALIC: "_"}
 
 
 def mrkdwn(body: Text, limit: int = 0) -> str:
@@ -161,6 +161,8 @@ def mrkdwn(body: Text, limit: int = 0) -> str:
             out.append(f"<#{escaped(span.text)}>")
         elif span.style is Style.LINK:  # `|` would end the URL early: percent-encoded, as in any URL
             out.append(f"<{escaped(span.target).replace('|', '%7C')}|{escaped(span.text)}>")
+        elif span.style is Style.CODE:  # a backtick would end the code early
+            out.append("`" + escaped(span.text).replace("`", "'") + "`")
         else:
             out.append(_MARK[span.style] + escaped(span.text) + _MARK[span.style])
     rendered = "".join(out)

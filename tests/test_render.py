@@ -154,13 +154,16 @@ def test_a_link_a_channel_and_a_refusal_render_for_each_surface_and_cannot_break
         rich.Section(rich.text(rich.link("thread in #C1 <!here>", "https://t.slack.com/archives/C1/p1|x>y"))),
         rich.Section(rich.mentioning("only from <#C-OPS>, by <@U-OPS>; <#not a channel> <!channel>")),
         rich.Context(rich.text(rich.italic("shown to operators"))),
+        rich.Section(rich.text("launches ", rich.code("vllm serve m --chat-template '`x`'"))),
     ]
     assert rich.lines(said) == [
         "thread in #C1 <!here> (https://t.slack.com/archives/C1/p1|x>y)",
         "only from #C-OPS, by @U-OPS; <#not a channel> <!channel>",
         "shown to operators",
+        "launches vllm serve m --chat-template '`x`'",
     ]
     slack = rich.mrkdwn_blocks(said)
     assert slack[0]["text"]["text"] == "<https://t.slack.com/archives/C1/p1%7Cx&gt;y|thread in #C1 &lt;!here&gt;>"
     assert slack[1]["text"]["text"] == "only from <#C-OPS>, by <@U-OPS>; &lt;#not a channel&gt; &lt;!channel&gt;"
     assert slack[2]["elements"][0]["text"] == "_shown to operators_"
+    assert slack[3]["text"]["text"] == "launches `vllm serve m --chat-template ''x''`"  # a backtick cannot end it

@@ -309,4 +309,4 @@ def refusal(exc: Exception) -> rich.Text:
 
 def _launches(argv: Sequence[str]) -> rich.Span:
     """A launch command, redacted, as inline code short enough for a section."""
-    return rich.code(clip(command_line(argv).replace("`", "'"), MAX_SECTION - 200))
+    return rich.code(clip(command_line(argv), MAX_SECTION - 200))
